@@ -1,0 +1,50 @@
+// The public entry point: an Engine runs the forward pass of one model on one backend, for
+// batches of up to `max_batch` sequences of `seq_len` positions.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hk/config.hpp"
+#include "hk/model.hpp"
+
+namespace hk {
+
+struct EngineOptions {
+  std::string backend = "auto";  // "auto" (cuda when a GPU is usable, else kokkos), "kokkos", "cuda"
+  Precision precision = Precision::fast;
+  int max_batch = 1;  // largest B of one forward() call: buffers are sized for it once
+  int seq_len = 1;    // S
+  int device = 0;     // GPU ordinal for the cuda backend
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual std::string backend() const = 0;  // "kokkos", "cuda"
+  virtual std::string device() const = 0;   // human-readable device description
+  virtual Precision precision() const = 0;
+  // y[b, s, :] for b < B (B <= max_batch). x [B, S, D] and y [B, S, D] are host float32 arrays;
+  // lengths [B] (each 0..S) or null for all positions valid. Throws hk::Error on bad arguments.
+  virtual void forward(const float* x, const int32_t* lengths, int B, float* y) = 0;
+  // The kernel plan for a batch of B sequences, one line per kernel.
+  virtual std::string explain(int B) const = 0;
+};
+
+// A backend: a named factory of engines.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  // Empty when this backend can run here; otherwise why not ("built without CUDA", "no GPU").
+  virtual std::string unavailable_reason() const = 0;
+  virtual std::unique_ptr<Engine> create(const Model& model, const EngineOptions& options) const = 0;
+};
+
+// Every backend compiled into this build, in preference order for "auto".
+std::vector<const Backend*> backends();
+std::unique_ptr<Engine> make_engine(const Model& model, const EngineOptions& options);
+
+}  // namespace hk
