@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# The device script: on the GPU machine, in one call, runs the GPU tests, the sanitizers, the
+# accuracy check against the PyTorch reference and the benchmarks (hk and the PyTorch peers in
+# the same run), and leaves its results under $OUT (at most 8 files):
+#   env.txt        device, driver, library versions, measured copy bandwidth and GEMM rate
+#   tests.log      GPU test programs, one section each
+#   sanitizer.log  compute-sanitizer memcheck / racecheck / initcheck / synccheck
+#   accuracy.log   hk_forward vs the float64 PyTorch reference per case
+#   bench_hk.json  Google Benchmark JSON of hk's forward per case
+#   peers.json     PyTorch peers (eager fp32, compiled) per case
+#   summary.md     the table for perf/RESULTS.md
+# Usage: perf/device/run.sh [phase ...]   phases: env tests sanitize accuracy bench peers summary
+#        (default: all). Needs stage/hk-stage.tar.xz from perf/device/stage.sh (carry 'stage').
+set -u
+root=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-/tmp/hk-out}
+mkdir -p "$OUT"
+pkg=/tmp/hk-pkg
+phases=("$@")
+[ ${#phases[@]} -eq 0 ] && phases=(env tests sanitize accuracy bench peers summary)
+want() { local p; for p in "${phases[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+
+if [ ! -d "$pkg/bin" ]; then
+  mkdir -p /tmp/hk-unpack && tar -xJf "$root/stage/hk-stage.tar.xz" -C /tmp/hk-unpack && mv /tmp/hk-unpack/pkg "$pkg"
+fi
+export PATH="$pkg/bin:$PATH"
+export LD_LIBRARY_PATH="$pkg/lib:${LD_LIBRARY_PATH:-}"
+export PYTHONUNBUFFERED=1
+share=$pkg/share
+work=/tmp/hk-work && mkdir -p "$work"
+declare -A status
+
+if want env; then
+  stamp "env"
+  {
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+    nvcc --version 2>/dev/null | tail -1
+    ldconfig -p | grep -E 'libcudnn\.so|libcublasLt\.so' || true
+    python3 - <<'PY'
+import torch, time
+print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())
+d = torch.device("cuda")
+a = torch.empty(2 * 1024**3 // 4, dtype=torch.float32, device=d); b = torch.empty_like(a)
+for _ in range(3): b.copy_(a)
+s, e = torch.cuda.Event(True), torch.cuda.Event(True); torch.cuda.synchronize()
+ts = []
+for _ in range(10):
+    s.record(); b.copy_(a); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e))
+ts.sort(); print("copy_bandwidth_TBps %.3f" % (2 * a.numel() * 4 / (ts[5] * 1e-3) / 1e12))
+del a, b
+n = 8192
+x = torch.randn(n, n, device=d, dtype=torch.float16); y = torch.randn(n, n, device=d, dtype=torch.float16)
+for _ in range(3): x @ y
+torch.cuda.synchronize(); ts = []
+for _ in range(10):
+    s.record(); x @ y; e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e))
+ts.sort(); print("gemm_fp16_TFLOPs %.1f" % (2 * n**3 / (ts[5] * 1e-3) / 1e12))
+PY
+    for exe in "$pkg"/bin/*; do
+      missing=$(ldd "$exe" 2>/dev/null | grep 'not found')
+      [ -n "$missing" ] && echo "MISSING LIBS for $(basename "$exe"): $missing"
+    done
+    ldd "$pkg/bin/hk_forward" 2>/dev/null | grep -E 'cudnn|cublas|hdf5|kokkos'
+  } > "$OUT/env.txt" 2>&1
+  cat "$OUT/env.txt"
+fi
+
+if want tests; then
+  stamp "tests"
+  : > "$OUT/tests.log"
+  for t in "$pkg"/bin/test_*; do
+    [ -x "$t" ] || continue
+    name=$(basename "$t")
+    echo "=== $name" >> "$OUT/tests.log"
+    s=$(date +%s)
+    (cd "$share" && timeout 300 "$t") >> "$OUT/tests.log" 2>&1
+    rc=$?
+    status[$name]=$rc
+    echo "=== $name rc=$rc ($(( $(date +%s) - s ))s)" >> "$OUT/tests.log"
+    stamp "  $name rc=$rc"
+  done
+fi
+
+if want sanitize; then
+  stamp "sanitize"
+  : > "$OUT/sanitizer.log"
+  hk_generate --batch 3 --seq 33 --d-model 40 --heads 5 --ffn 72 --layers 2 --causal \
+    --lengths-list 0,1,33 --seed 7 --output "$work/san.h5" >> "$OUT/sanitizer.log" 2>&1
+  hk_generate --batch 2 --seq 130 --d-model 64 --heads 2 --ffn 96 --layers 1 \
+    --seed 8 --output "$work/san2.h5" >> "$OUT/sanitizer.log" 2>&1
+  for tool in memcheck racecheck initcheck synccheck; do
+    for f in san san2; do
+      for prec in fast fp32; do
+        echo "=== $tool $f $prec" >> "$OUT/sanitizer.log"
+        HK_GRAPH=0 timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 \
+          hk_forward --backend cuda --precision $prec --input "$work/$f.h5" --output "$work/$f-$tool.h5" --quiet \
+          >> "$OUT/sanitizer.log" 2>&1
+        rc=$?
+        status["sanitize-$tool-$f-$prec"]=$rc
+        echo "=== $tool $f $prec rc=$rc" >> "$OUT/sanitizer.log"
+      done
+    done
+    stamp "  $tool done"
+  done
+fi
+
+if want accuracy; then
+  stamp "accuracy"
+  : > "$OUT/accuracy.log"
+  # Every case of cases.csv at full size except the very large ones (batch scaled down so the
+  # float64 PyTorch reference stays quick), fast and fp32 precision.
+  while IFS=, read -r c B S D H F L causal note; do
+    [ "$c" = case ] && continue
+    nb=$B
+    [ $(( B * S )) -gt 16384 ] && nb=$(( 16384 / S ))
+    [ "$nb" -lt 1 ] && nb=1
+    hk_generate --cases "$share/cases.csv" --case "$c" --batch "$nb" --seed $((100 + c)) --output "$work/acc$c.h5" >> "$OUT/accuracy.log" 2>&1
+    python3 "$share/hk_reference.py" --input "$work/acc$c.h5" --output "$work/ref$c.h5" --device cuda >> "$OUT/accuracy.log" 2>&1
+    for prec in fast fp32; do
+      hk_forward --backend cuda --precision $prec --input "$work/acc$c.h5" --output "$work/out$c-$prec.h5" --quiet >> "$OUT/accuracy.log" 2>&1
+      extra=""; [ $prec = fp32 ] && extra="--atol 1e-4 --rtol 0"
+      echo "--- case $c (B=$nb) $prec" >> "$OUT/accuracy.log"
+      python3 "$share/hk_reference.py" --compare "$work/out$c-$prec.h5" --reference "$work/ref$c.h5" $extra >> "$OUT/accuracy.log" 2>&1
+      rc=$?
+      status["accuracy-case$c-$prec"]=$rc
+    done
+    stamp "  case $c"
+  done < "$share/cases.csv"
+fi
+
+if want bench; then
+  stamp "bench"
+  if [ -x "$pkg/bin/hk_bench_cuda" ]; then
+    (cd "$share" && hk_bench_cuda --benchmark_format=console --benchmark_out="$OUT/bench_hk.json" \
+       --benchmark_out_format=json ${HK_BENCH_ARGS:-}) 2>&1 | tail -40
+  else
+    echo "hk_bench_cuda not built"
+  fi
+fi
+
+if want peers; then
+  stamp "peers"
+  python3 "$share/peers.py" --cases "$share/cases.csv" --json "$OUT/peers.json" ${HK_PEERS_ARGS:-} 2>&1 | tail -30
+fi
+
+if want summary; then
+  stamp "summary"
+  python3 "$share/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_hk.json" --peers "$OUT/peers.json" \
+    --cases "$share/cases.csv" > "$OUT/summary.md" 2>&1
+  cat "$OUT/summary.md"
+fi
+
+echo
+echo "status:"
+for k in "${!status[@]}"; do
+  v=${status[$k]}
+  case "$v" in 0) ;; 77) echo "  SKIP $k";; *) echo "  FAIL $k (rc=$v)";; esac
+done | sort
+echo "total $(( $(date +%s) - t0 ))s"
