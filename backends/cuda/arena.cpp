@@ -1,0 +1,93 @@
+#include "arena.hpp"
+
+#include <cuda_runtime.h>
+
+#include <utility>
+#include <vector>
+
+#include "common.cuh"
+#include "weights.hpp"  // kTensorAlign
+
+namespace hk::cuda {
+
+ActivationLayout activation_layout(const ModelConfig& c, int max_batch, int seq_len, Precision precision,
+                                   size_t workspace_bytes) {
+  ActivationLayout l;
+  l.max_tokens = int64_t(max_batch) * seq_len;
+  l.act = precision == Precision::fast ? DType::f16 : DType::f32;
+  const size_t T = size_t(l.max_tokens), D = size_t(c.d_model), F = size_t(c.ffn_dim);
+  const size_t act = l.act == DType::f16 ? 2 : 4;
+  size_t at = 0;
+  auto take = [&at](size_t bytes) {
+    const size_t off = at;
+    at = (at + bytes + kTensorAlign - 1) / kTensorAlign * kTensorAlign;
+    return off;
+  };
+  l.x_in = take(T * D * 4);
+  l.x = take(T * D * 4);
+  l.h = take(T * D * act);
+  l.qkv = take(T * 3 * D * act);
+  l.o = take(T * D * act);
+  l.f = take(T * F * act);
+  l.y[0] = take(T * D * 4);
+  l.y[1] = take(T * D * 4);
+  l.lengths_in = take(size_t(max_batch) * 4);
+  l.lengths_full = take(size_t(max_batch) * 4);
+  l.workspace_bytes = workspace_bytes;
+  l.workspace = take(workspace_bytes);
+  l.total = at;
+  return l;
+}
+
+DeviceArena::DeviceArena(const ActivationLayout& layout, int max_batch, int seq_len, bool poison)
+    : layout_(layout) {
+  HK_CUDA_CHECK(cudaMalloc(&base_, layout.total));
+  try {
+    HK_CUDA_CHECK(cudaMemset(base_, poison ? 0xFF : 0, layout.total));
+    std::vector<int32_t> full(size_t(max_batch), seq_len);
+    auto* b = static_cast<unsigned char*>(base_);
+    HK_CUDA_CHECK(cudaMemcpy(b + layout.lengths_full, full.data(), full.size() * 4, cudaMemcpyHostToDevice));
+    buf_.x_in = reinterpret_cast<float*>(b + layout.x_in);
+    buf_.x = reinterpret_cast<float*>(b + layout.x);
+    buf_.h = b + layout.h;
+    buf_.qkv = b + layout.qkv;
+    buf_.o = b + layout.o;
+    buf_.f = b + layout.f;
+    buf_.y[0] = reinterpret_cast<float*>(b + layout.y[0]);
+    buf_.y[1] = reinterpret_cast<float*>(b + layout.y[1]);
+    buf_.lengths_in = reinterpret_cast<int32_t*>(b + layout.lengths_in);
+    buf_.lengths_full = reinterpret_cast<int32_t*>(b + layout.lengths_full);
+    buf_.workspace = b + layout.workspace;
+  } catch (...) {
+    cudaFree(base_);
+    throw;
+  }
+}
+
+DeviceArena::~DeviceArena() { cudaFree(base_); }
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : n_(bytes) {
+  if (bytes) HK_CUDA_CHECK(cudaMalloc(&p_, bytes));
+}
+DeviceBuffer::~DeviceBuffer() {
+  if (p_) cudaFree(p_);
+}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  std::swap(p_, o.p_);
+  std::swap(n_, o.n_);
+  return *this;
+}
+
+PinnedBuffer::PinnedBuffer(size_t bytes) : n_(bytes) {
+  if (bytes) HK_CUDA_CHECK(cudaMallocHost(&p_, bytes));
+}
+PinnedBuffer::~PinnedBuffer() {
+  if (p_) cudaFreeHost(p_);
+}
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
+  std::swap(p_, o.p_);
+  std::swap(n_, o.n_);
+  return *this;
+}
+
+}  // namespace hk::cuda

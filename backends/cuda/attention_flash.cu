@@ -1,0 +1,686 @@
+// Own flash-attention kernels of the CUDA backend (entry points in attention_flash.cuh).
+//
+// One thread block computes a tile of query rows of one (sequence, head) and streams the key
+// tiles through shared memory with an online softmax, so the [S, S] score matrix never exists.
+//   flash_f16_kernel<HD, NW>: NW warps x 16 query rows, mma.sync tensor cores, K/V tiles loaded
+//                             with cp.async into a double buffer.
+//   flash_f32_kernel<HDP>:    32 query rows x 32 keys per step, plain fp32 FMAs.
+// Grid: x = b * H + h, y = query tile, heaviest (last, under causal) tiles first.
+#include "attention_flash.cuh"
+
+#include "common.cuh"
+
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+
+namespace hk::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// ---- tile tables --------------------------------------------------------------------------------
+// f16: BK = keys per pipeline stage; q_in_regs = Q fragments held in registers for the whole key
+// loop (else re-read from shared memory by ldmatrix for every key tile). Per-warp registers are
+// about HD/2 (O accumulator) + BK/2 (scores) + HD/4 (Q, when in registers) fp32/b32 values.
+template <int HD> struct F16Tile;
+template <> struct F16Tile<8>   { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  };  // ex2-bound (16 MACs per score): 64 keys amortise the max/sum shuffles; QK^T by m16n8k8, no zero k half
+template <> struct F16Tile<16>  { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  };  // ex2-bound as hd 8; K+V stage 6 KB, ~80 regs: 6 blocks/SM
+template <> struct F16Tile<32>  { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  };  // 64 keys = half of S=128, so causal skips the upper tile whole; ~80 regs, 25 KB (q64)
+template <> struct F16Tile<64>  { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  };  // ~130 regs (O 32 + S 32 + Q 16): 3 blocks/SM; 45 KB stays under the 48 KB default
+template <> struct F16Tile<128> { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  };  // ~170 regs; 17 + 2x35 KB = 87 KB (q64): 2 blocks/SM, smem-limited
+template <> struct F16Tile<256> { static constexpr int kBK = 32; static constexpr bool kQInRegs = false; };  // O alone is 128 regs, so Q is re-read from smem; 32-key stages keep 101 KB (q64): 2 blocks/SM
+
+// Row stride (halves) of the shared tiles. 8 halves of padding put the 8 rows an ldmatrix reads
+// into 8 different 16-byte bank groups; hd 8 rows (16 bytes) are conflict-free unpadded.
+template <int HD> __host__ __device__ constexpr int f16_ld() { return HD == 8 ? 8 : HD + 8; }
+
+template <int HD, int NW>
+constexpr size_t f16_smem_bytes() {
+  return sizeof(__half) * size_t(f16_ld<HD>()) * (16 * NW + 4 * F16Tile<HD>::kBK);  // Q + 2 x (K, V)
+}
+
+// f32: fixed 32 query rows x 32 keys per step and 128 threads (each thread: 2 rows x 4 keys of
+// scores, 2 rows x HDP/8 columns of O). HDP is the head_dim bucket; smem = Q, K (padded by one
+// float against bank conflicts), V and P tiles.
+constexpr int kF32BQ = 32;
+constexpr int kF32BK = 32;
+constexpr int kF32Threads = 128;
+template <int HDP>
+constexpr size_t f32_smem_bytes() {
+  return sizeof(float) * (size_t(kF32BQ + kF32BK) * (HDP + 1) + size_t(kF32BK) * HDP + kF32BQ * (kF32BK + 1));
+}
+
+// Kernel arguments: AttentionParams plus derived values, passed by value.
+struct FlashArgs {
+  const void* qkv;
+  void* out;
+  const int32_t* lengths;
+  const int32_t* seq_start;
+  int S, H, hd;
+  int64_t qkv_stride, out_stride;
+  float scale;       // f32 kernel: 1/sqrt(hd)-style score scale
+  float scale_log2;  // f16 kernel: scale * log2(e), so exp(x*scale) = exp2(x*scale_log2)
+  bool causal;
+};
+
+// Per-block view of one (sequence, head): where its rows are and how many are valid.
+struct SeqHead {
+  int b, h, len;
+  int64_t row0;  // qkv/out row of position 0
+};
+
+__device__ __forceinline__ SeqHead seq_head(const FlashArgs& a) {
+  SeqHead r;
+  r.b = blockIdx.x / a.H;
+  r.h = blockIdx.x - r.b * a.H;
+  const int len = a.lengths ? a.lengths[r.b] : a.S;
+  r.len = len < 0 ? 0 : (len > a.S ? a.S : len);
+  r.row0 = a.seq_start ? int64_t(a.seq_start[r.b]) : int64_t(r.b) * a.S;
+  return r;
+}
+
+// ---- PTX wrappers -------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte async copy; src_bytes = 0 zero-fills the destination without reading global memory.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2(uint32_t& r0, uint32_t& r1, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2_t(uint32_t& r0, uint32_t& r1, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+// D = A(16x16, row) * B(16x8, col) + D, fp16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// D = A(16x8, row) * B(8x8, col) + D: the hd 8 score product without a zero-padded k half.
+__device__ __forceinline__ void mma_1688(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(b0));
+}
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// ---- f16 tensor-core kernel ---------------------------------------------------------------------
+// Copies ROWS rows (positions pos0..) of one head's HD columns into a shared tile with cp.async.
+// Rows at positions >= len and columns >= hd are zero-filled and never read from global memory.
+template <int ROWS, int HD, int NT>
+__device__ __forceinline__ void load_tile_f16(__half* dst, const __half* col0, int64_t row0, int64_t stride,
+                                              int pos0, int len, int hd) {
+  constexpr int kChunks = HD / 8;            // 16-byte chunks per row: a power of two <= 32
+  constexpr int kRowStep = NT / kChunks;     // rows covered by one pass of the block
+  constexpr int LD = f16_ld<HD>();
+  static_assert(NT % kChunks == 0, "every thread keeps one chunk column");
+  const int c = threadIdx.x % kChunks;
+  const int r0 = threadIdx.x / kChunks;
+  const bool col_ok = c * 8 < hd;
+  const __half* src = col0 + (row0 + pos0 + r0) * stride + c * 8;
+  uint32_t d = smem_u32(dst + r0 * LD + c * 8);
+  // Not unrolled: unrolled copies get their addresses hoisted out of the key loop into registers.
+#pragma unroll 1
+  for (int r = r0; r < ROWS; r += kRowStep) {
+    const bool ok = col_ok && pos0 + r < len;
+    cp_async_16(d, ok ? src : col0, ok ? 16 : 0);
+    src += kRowStep * stride;
+    d += kRowStep * LD * 2;
+  }
+}
+
+// Zeros for `rows` query rows of this head starting at position pos0 (dense layout padding).
+template <int HD, int NT>
+__device__ __forceinline__ void store_zero_rows_f16(__half* out, const FlashArgs& a, const SeqHead& sh, int pos0,
+                                                    int rows, int tid) {
+  constexpr int kChunks = HD / 8;
+  for (int idx = tid; idx < rows * kChunks; idx += NT) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    if (pos0 + r < a.S && c * 8 < a.hd) {
+      *reinterpret_cast<uint4*>(out + (sh.row0 + pos0 + r) * a.out_stride + sh.h * a.hd + c * 8) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+template <int HD, int NW>
+__global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
+  constexpr int BK = F16Tile<HD>::kBK;
+  constexpr bool kQRegs = F16Tile<HD>::kQInRegs;
+  constexpr int BQ = 16 * NW;
+  constexpr int NT = 32 * NW;
+  constexpr int LD = f16_ld<HD>();
+  constexpr int NKT = BK / 8;  // n-tiles of the per-warp score tile [16, BK]
+  constexpr int NDT = HD / 8;  // n-tiles of the per-warp output tile [16, HD]
+  static_assert(HD % 16 == 0 || HD == 8, "head_dim instantiations are 8 or multiples of 16");
+  static_assert(BK % 32 == 0, "hd 8 loads 32 keys per ldmatrix.x4; the others 16");
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __half* sQ = reinterpret_cast<__half*>(smem_raw);  // [BQ][LD], reused to stage the output
+  __half* sK = sQ + BQ * LD;                          // [2][BK][LD]
+  __half* sV = sK + 2 * BK * LD;                      // [2][BK][LD]
+
+  const SeqHead sh = seq_head(a);
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * BQ;
+  __half* out = static_cast<__half*>(a.out);
+  if (q0 >= sh.len) {  // all rows of this tile are padding
+    if (!a.seq_start) store_zero_rows_f16<HD, NT>(out, a, sh, q0, BQ, threadIdx.x);
+    return;
+  }
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;  // mma fragment coordinates: row group, thread in quad
+  const int qw0 = q0 + warp * 16;        // first query position of this warp
+  const __half* qkv = static_cast<const __half*>(a.qkv);
+  const int D = a.H * a.hd;
+  const __half* q_col = qkv + sh.h * a.hd;
+  const __half* k_col = q_col + D;
+  const __half* v_col = q_col + 2 * D;
+
+  // Keys this tile can see: under causal none past its last row; never past the length.
+  const int kend = a.causal ? min(sh.len, q0 + BQ) : sh.len;
+  const int nkb = (kend + BK - 1) / BK;
+
+  load_tile_f16<BQ, HD, NT>(sQ, q_col, sh.row0, a.qkv_stride, q0, sh.len, a.hd);
+  load_tile_f16<BK, HD, NT>(sK, k_col, sh.row0, a.qkv_stride, 0, sh.len, a.hd);
+  load_tile_f16<BK, HD, NT>(sV, v_col, sh.row0, a.qkv_stride, 0, sh.len, a.hd);
+  cp_async_commit();
+
+  // Per-lane ldmatrix offsets (bytes) inside a tile; see the fragment layouts of mma.m16n8k16.
+  const uint32_t q_base = smem_u32(sQ + (warp * 16 + (lane & 15)) * LD + (HD == 8 ? 0 : (lane >> 4) * 8));
+  const uint32_t k_lane = HD == 8 ? lane * LD * 2 : (((lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8) * 2;
+  const uint32_t v_lane = HD == 8 ? (lane & 15) * LD * 2 : (((lane & 7) + (((lane >> 3) & 1) << 3)) * LD + (lane >> 4) * 8) * 2;
+
+  constexpr int kQFrags = HD == 8 ? 1 : (kQRegs ? HD / 16 : 1);
+  uint32_t qf[kQFrags][4];
+  float o[NDT][4];
+#pragma unroll
+  for (int i = 0; i < NDT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY};  // running row max (raw score units), rows g and g+8
+  float l[2] = {0.f, 0.f};              // running row sum, partial over this thread's columns
+  const float sl2 = a.scale_log2;
+
+  for (int kb = 0; kb < nkb; ++kb) {
+    const int stage = kb & 1;
+    if (kb + 1 < nkb) {
+      const int nxt = (kb + 1) & 1;
+      load_tile_f16<BK, HD, NT>(sK + nxt * BK * LD, k_col, sh.row0, a.qkv_stride, (kb + 1) * BK, sh.len, a.hd);
+      load_tile_f16<BK, HD, NT>(sV + nxt * BK * LD, v_col, sh.row0, a.qkv_stride, (kb + 1) * BK, sh.len, a.hd);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+
+    if (kb == 0) {
+      if constexpr (HD == 8) {
+        ldsm_x2(qf[0][0], qf[0][1], q_base);
+      } else if constexpr (kQRegs) {
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ++ks) ldsm_x4(qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], q_base + ks * 32);
+      }
+    }
+
+    const int k0 = kb * BK;
+    // Warp-uniform skips: rows all padding, or the whole key tile above this warp's diagonal.
+    const bool active = qw0 < sh.len && !(a.causal && k0 > qw0 + 15);
+    if (active) {
+      const uint32_t k_tile = smem_u32(sK + stage * BK * LD) + k_lane;
+      const uint32_t v_tile = smem_u32(sV + stage * BK * LD) + v_lane;
+
+      // S = Q K^T for this warp's 16 rows and BK keys.
+      float s[NKT][4];
+#pragma unroll
+      for (int i = 0; i < NKT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+      if constexpr (HD == 8) {
+#pragma unroll
+        for (int np = 0; np < BK / 32; ++np) {
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4(b0, b1, b2, b3, k_tile + np * 32 * LD * 2);
+          mma_1688(s[4 * np + 0], qf[0][0], qf[0][1], b0);
+          mma_1688(s[4 * np + 1], qf[0][0], qf[0][1], b1);
+          mma_1688(s[4 * np + 2], qf[0][0], qf[0][1], b2);
+          mma_1688(s[4 * np + 3], qf[0][0], qf[0][1], b3);
+        }
+      } else {
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ++ks) {
+          uint32_t af[4];
+          if constexpr (kQRegs) {
+            af[0] = qf[ks][0]; af[1] = qf[ks][1]; af[2] = qf[ks][2]; af[3] = qf[ks][3];
+          } else {
+            ldsm_x4(af[0], af[1], af[2], af[3], q_base + ks * 32);
+          }
+#pragma unroll
+          for (int np = 0; np < BK / 16; ++np) {
+            uint32_t b0, b1, b2, b3;
+            ldsm_x4(b0, b1, b2, b3, k_tile + (np * 16 * LD + ks * 16) * 2);
+            mma_16816(s[2 * np], af, b0, b1);
+            mma_16816(s[2 * np + 1], af, b2, b3);
+          }
+        }
+      }
+
+      // Masks only where the tile crosses the length or this warp's diagonal.
+      if (k0 + BK > sh.len || (a.causal && k0 + BK - 1 > qw0)) {
+#pragma unroll
+        for (int nt = 0; nt < NKT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int j = k0 + nt * 8 + 2 * t + (e & 1);
+            const int i = qw0 + g + (e >> 1) * 8;
+            if (j >= sh.len || (a.causal && j > i)) s[nt][e] = -INFINITY;
+          }
+        }
+      }
+
+      // Online softmax: new row max over the quad, rescale the running sum and O.
+      float mx[2] = {m[0], m[1]};
+#pragma unroll
+      for (int nt = 0; nt < NKT; ++nt) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
+      }
+      float mb[2];  // max in exp2 units; 0 while a row has seen only masked keys (avoids inf - inf)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        mb[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
+        const float alpha = ex2(m[r] * sl2 - mb[r]);
+        m[r] = mx[r];
+        l[r] *= alpha;
+#pragma unroll
+        for (int dt = 0; dt < NDT; ++dt) {
+          o[dt][2 * r] *= alpha;
+          o[dt][2 * r + 1] *= alpha;
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < NKT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[nt][e] = ex2(fmaf(s[nt][e], sl2, -mb[e >> 1]));
+          l[e >> 1] += s[nt][e];
+        }
+      }
+
+      // O += P V: the score accumulators of two adjacent key n-tiles form one A fragment.
+#pragma unroll
+      for (int ks = 0; ks < BK / 16; ++ks) {
+        const uint32_t pa[4] = {pack_half2(s[2 * ks][0], s[2 * ks][1]), pack_half2(s[2 * ks][2], s[2 * ks][3]),
+                                pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                                pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+        if constexpr (HD == 8) {
+          uint32_t b0, b1;
+          ldsm_x2_t(b0, b1, v_tile + ks * 16 * LD * 2);
+          mma_16816(o[0], pa, b0, b1);
+        } else {
+#pragma unroll
+          for (int dp = 0; dp < HD / 16; ++dp) {
+            uint32_t b0, b1, b2, b3;
+            ldsm_x4_t(b0, b1, b2, b3, v_tile + (ks * 16 * LD + dp * 16) * 2);
+            mma_16816(o[2 * dp], pa, b0, b1);
+            mma_16816(o[2 * dp + 1], pa, b2, b3);
+          }
+        }
+      }
+    }
+    __syncthreads();  // stage `kb & 1` is refilled by the next iteration's prefetch
+  }
+
+  // Normalise, stage this warp's 16 rows as fp16 in its own rows of sQ, store 16-byte chunks.
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
+  }
+  __half* stage_rows = sQ + warp * 16 * LD;
+#pragma unroll
+  for (int dt = 0; dt < NDT; ++dt) {
+    *reinterpret_cast<__half2*>(stage_rows + g * LD + dt * 8 + 2 * t) =
+        __floats2half2_rn(o[dt][0] * inv[0], o[dt][1] * inv[0]);
+    *reinterpret_cast<__half2*>(stage_rows + (g + 8) * LD + dt * 8 + 2 * t) =
+        __floats2half2_rn(o[dt][2] * inv[1], o[dt][3] * inv[1]);
+  }
+  __syncwarp();
+  for (int idx = lane; idx < 16 * NDT; idx += 32) {
+    const int r = idx / NDT, c = idx % NDT;
+    const int pos = qw0 + r;
+    if (pos >= a.S || c * 8 >= a.hd || (pos >= sh.len && a.seq_start)) continue;
+    const uint4 v = pos < sh.len ? *reinterpret_cast<const uint4*>(stage_rows + r * LD + c * 8) : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(out + (sh.row0 + pos) * a.out_stride + sh.h * a.hd + c * 8) = v;
+  }
+}
+
+// ---- f32 SIMT kernel ----------------------------------------------------------------------------
+template <int HDP>
+__global__ void __launch_bounds__(kF32Threads) flash_f32_kernel(const FlashArgs a) {
+  constexpr int BQ = kF32BQ, BK = kF32BK, NT = kF32Threads;
+  constexpr int LDK = HDP + 1, LDP = BK + 1;
+  constexpr int NC = HDP / 8;  // output columns per thread
+  static_assert(HDP % 8 == 0 && BQ == 2 * (NT / 8) && BK == 32, "thread layout: 16 row pairs x 8 column lanes");
+
+  extern __shared__ float smem_f[];
+  float* sQ = smem_f;             // [BQ][LDK]
+  float* sK = sQ + BQ * LDK;      // [BK][LDK]
+  float* sV = sK + BK * LDK;      // [BK][HDP]
+  float* sP = sV + BK * HDP;      // [BQ][LDP]
+
+  const SeqHead sh = seq_head(a);
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * BQ;
+  float* out = static_cast<float*>(a.out);
+  const int tid = threadIdx.x;
+  if (q0 >= sh.len) {
+    if (!a.seq_start) {
+      for (int idx = tid; idx < BQ * HDP; idx += NT) {
+        const int r = idx / HDP, c = idx % HDP;
+        if (q0 + r < a.S && c < a.hd) out[(sh.row0 + q0 + r) * a.out_stride + sh.h * a.hd + c] = 0.f;
+      }
+    }
+    return;
+  }
+
+  const float* qkv = static_cast<const float*>(a.qkv);
+  const int D = a.H * a.hd;
+  const float* q_col = qkv + sh.h * a.hd;
+  const float* k_col = q_col + D;
+  const float* v_col = q_col + 2 * D;
+  // Rows >= len and columns >= hd are zero in shared memory, never read from global memory.
+  auto load = [&](float* dst, int ld, const float* col0, int pos0) {
+    for (int idx = tid; idx < 32 * HDP; idx += NT) {
+      const int r = idx / HDP, c = idx % HDP;
+      const int pos = pos0 + r;
+      dst[r * ld + c] = (pos < sh.len && c < a.hd) ? col0[(sh.row0 + pos) * a.qkv_stride + c] : 0.f;
+    }
+  };
+  load(sQ, LDK, q_col, q0);
+
+  const int ty = tid / 8, tx = tid % 8;  // rows 2ty, 2ty+1; score columns tx + 8jj; O columns tx + 8c
+  const int warp = tid / 32;
+  const int qw0 = q0 + warp * 8;         // a warp owns 8 consecutive rows
+  const int kend = a.causal ? min(sh.len, q0 + BQ) : sh.len;
+  const int nkb = (kend + BK - 1) / BK;
+
+  float o[2][NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) o[0][c] = o[1][c] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.f, 0.f};
+
+  for (int kb = 0; kb < nkb; ++kb) {
+    const int k0 = kb * BK;
+    __syncthreads();  // previous tile fully consumed
+    load(sK, LDK, k_col, k0);
+    load(sV, HDP, v_col, k0);
+    __syncthreads();
+    if (qw0 >= sh.len || (a.causal && k0 > qw0 + 7)) continue;  // warp-uniform
+
+    float s[2][4] = {};
+    const float* qr = sQ + 2 * ty * LDK;
+    const float* kr = sK + tx * LDK;
+#pragma unroll 8
+    for (int d = 0; d < HDP; ++d) {
+      const float qa = qr[d], qb = qr[LDK + d];
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const float kv = kr[8 * jj * LDK + d];
+        s[0][jj] = fmaf(qa, kv, s[0][jj]);
+        s[1][jj] = fmaf(qb, kv, s[1][jj]);
+      }
+    }
+    const bool need_mask = k0 + BK > sh.len || (a.causal && k0 + BK - 1 > qw0);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = q0 + 2 * ty + r;
+      float mx = m[r];
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const int j = k0 + tx + 8 * jj;
+        s[r][jj] *= a.scale;
+        if (need_mask && (j >= sh.len || (a.causal && j > i))) s[r][jj] = -INFINITY;
+        mx = fmaxf(mx, s[r][jj]);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      const float mu = mx == -INFINITY ? 0.f : mx;  // no inf - inf while a row has seen only masked keys
+      const float alpha = expf(m[r] - mu);
+      m[r] = mx;
+      l[r] *= alpha;
+#pragma unroll
+      for (int c = 0; c < NC; ++c) o[r][c] *= alpha;
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const float p = expf(s[r][jj] - mu);
+        l[r] += p;
+        sP[(2 * ty + r) * LDP + tx + 8 * jj] = p;
+      }
+    }
+    __syncwarp();  // P rows of this warp are written and read only by this warp
+#pragma unroll 4
+    for (int k = 0; k < BK; ++k) {
+      const float pa = sP[2 * ty * LDP + k], pb = sP[(2 * ty + 1) * LDP + k];
+      const float* vr = sV + k * HDP + tx;
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        o[0][c] = fmaf(pa, vr[8 * c], o[0][c]);
+        o[1][c] = fmaf(pb, vr[8 * c], o[1][c]);
+      }
+    }
+    __syncwarp();  // the next tile's P overwrites these rows
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 4);
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    const int pos = q0 + 2 * ty + r;
+    if (pos >= a.S || (pos >= sh.len && a.seq_start)) continue;
+    float* orow = out + (sh.row0 + pos) * a.out_stride + sh.h * a.hd;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int col = tx + 8 * c;
+      if (col < a.hd) orow[col] = pos < sh.len ? o[r][c] * inv : 0.f;
+    }
+  }
+}
+
+// ---- launch layer: runtime shape -> compile-time instantiation ----------------------------------
+constexpr int kMaxHeadDim = 256;
+constexpr int kMaxGridY = 65535;
+
+int head_dim_bucket(int hd) {
+  return hd <= 8 ? 8 : hd <= 16 ? 16 : hd <= 32 ? 32 : hd <= 64 ? 64 : hd <= 128 ? 128 : 256;
+}
+int bucket_index(int bucket) {
+  return bucket == 8 ? 0 : bucket == 16 ? 1 : bucket == 32 ? 2 : bucket == 64 ? 3 : bucket == 128 ? 4 : 5;
+}
+
+FlashArgs make_args(const AttentionParams& p) {
+  FlashArgs a;
+  a.qkv = p.qkv;
+  a.out = p.out;
+  a.lengths = p.lengths;
+  a.seq_start = p.seq_start;
+  a.S = p.S;
+  a.H = p.H;
+  a.hd = p.head_dim;
+  a.qkv_stride = p.qkv_row_stride;
+  a.out_stride = p.out_row_stride;
+  a.scale = p.scale;
+  a.scale_log2 = p.scale * kLog2e;
+  a.causal = p.causal;
+  return a;
+}
+
+template <typename Kernel>
+void raise_smem_limit(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024) {
+    HK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  }
+}
+
+template <int HD>
+void raise_limits_hd() {
+  raise_smem_limit(flash_f16_kernel<HD, 4>, f16_smem_bytes<HD, 4>());
+  raise_smem_limit(flash_f16_kernel<HD, 1>, f16_smem_bytes<HD, 1>());
+  raise_smem_limit(flash_f32_kernel<HD>, f32_smem_bytes<HD>());
+}
+
+// Raises the dynamic shared-memory limit of every instantiation once per process (the current
+// device at first use). Called from supports() too, so it normally runs before any capture.
+void ensure_smem_limits() {
+  static const bool done = [] {
+    raise_limits_hd<8>();
+    raise_limits_hd<16>();
+    raise_limits_hd<32>();
+    raise_limits_hd<64>();
+    raise_limits_hd<128>();
+    raise_limits_hd<256>();
+    return true;
+  }();
+  (void)done;
+}
+
+template <int HD, int NW>
+void launch_f16(const AttentionParams& p, cudaStream_t stream) {
+  const dim3 grid(p.B * p.H, (p.S + 16 * NW - 1) / (16 * NW));
+  flash_f16_kernel<HD, NW><<<grid, NW * 32, f16_smem_bytes<HD, NW>(), stream>>>(make_args(p));
+  HK_CUDA_CHECK_LAUNCH();
+}
+
+template <int HDP>
+void launch_f32(const AttentionParams& p, cudaStream_t stream) {
+  const dim3 grid(p.B * p.H, (p.S + kF32BQ - 1) / kF32BQ);
+  flash_f32_kernel<HDP><<<grid, kF32Threads, f32_smem_bytes<HDP>(), stream>>>(make_args(p));
+  HK_CUDA_CHECK_LAUNCH();
+}
+
+template <int NW>
+void dispatch_f16(const AttentionParams& p, cudaStream_t stream) {
+  switch (head_dim_bucket(p.head_dim)) {
+    case 8: return launch_f16<8, NW>(p, stream);
+    case 16: return launch_f16<16, NW>(p, stream);
+    case 32: return launch_f16<32, NW>(p, stream);
+    case 64: return launch_f16<64, NW>(p, stream);
+    case 128: return launch_f16<128, NW>(p, stream);
+    default: return launch_f16<256, NW>(p, stream);
+  }
+}
+
+void dispatch_f32(const AttentionParams& p, cudaStream_t stream) {
+  switch (head_dim_bucket(p.head_dim)) {
+    case 8: return launch_f32<8>(p, stream);
+    case 16: return launch_f32<16>(p, stream);
+    case 32: return launch_f32<32>(p, stream);
+    case 64: return launch_f32<64>(p, stream);
+    case 128: return launch_f32<128>(p, stream);
+    default: return launch_f32<256>(p, stream);
+  }
+}
+
+int current_sm_count() {
+  int dev = 0, sms = 0;
+  HK_CUDA_CHECK(cudaGetDevice(&dev));
+  HK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
+// q64 lets 4 warps (one per SM sub-partition) share each K/V tile. Only when even the q16 grid
+// leaves SMs idle (e.g. B=1, H=4, S=128: 8 q64 blocks, 32 q16 blocks) does q16 win: each warp then
+// has an SM's load and shared-memory bandwidth to itself. In between, the per-warp work is the same
+// and q64 loads each K/V tile once instead of 4 times.
+FlashQueryTile resolve_tile(const AttentionParams& p, FlashQueryTile tile) {
+  if (tile != FlashQueryTile::automatic) return tile;
+  const int64_t blocks16 = int64_t(p.B) * p.H * ((p.S + 15) / 16);
+  return blocks16 <= current_sm_count() ? FlashQueryTile::q16 : FlashQueryTile::q64;
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+}  // namespace
+
+bool attention_flash_supports(const AttentionParams& p) {
+  if (p.B < 0 || p.S < 0 || p.H < 1 || p.head_dim < 1 || p.head_dim > kMaxHeadDim) return false;
+  const int64_t D = int64_t(p.H) * p.head_dim;
+  if (p.qkv_row_stride < 3 * D || p.out_row_stride < D) return false;
+  if (int64_t(p.B) * p.H > INT32_MAX || (p.S + 15) / 16 > kMaxGridY) return false;
+  if (int64_t(p.B) * p.S > 0 && (p.qkv == nullptr || p.out == nullptr)) return false;
+  if (p.dtype == DType::f16) {
+    if (p.head_dim % 8 != 0) return false;  // 16-byte chunks of one head
+    if (p.qkv_row_stride % 8 != 0 || p.out_row_stride % 8 != 0) return false;
+    if (!aligned16(p.qkv) || !aligned16(p.out)) return false;
+  } else if (p.dtype != DType::f32) {
+    return false;
+  }
+  ensure_smem_limits();
+  return true;
+}
+
+void attention_flash(const AttentionParams& p, cudaStream_t stream, FlashQueryTile tile) {
+  if (!attention_flash_supports(p)) throw std::invalid_argument("hk::attention[cuda.flash]: unsupported parameters");
+  if (p.B == 0 || p.S == 0) return;
+  if (p.dtype == DType::f32) return dispatch_f32(p, stream);
+  if (resolve_tile(p, tile) == FlashQueryTile::q64) return dispatch_f16<4>(p, stream);
+  return dispatch_f16<1>(p, stream);
+}
+
+void attention_flash(const AttentionParams& p, cudaStream_t stream) {
+  attention_flash(p, stream, FlashQueryTile::automatic);
+}
+
+const char* attention_flash_name(const AttentionParams& p, FlashQueryTile tile) {
+  static const char* const kF16Q64[] = {
+      "hk::attention[cuda.flash.hd8.q64.f16]",  "hk::attention[cuda.flash.hd16.q64.f16]",
+      "hk::attention[cuda.flash.hd32.q64.f16]", "hk::attention[cuda.flash.hd64.q64.f16]",
+      "hk::attention[cuda.flash.hd128.q64.f16]", "hk::attention[cuda.flash.hd256.q64.f16]"};
+  static const char* const kF16Q16[] = {
+      "hk::attention[cuda.flash.hd8.q16.f16]",  "hk::attention[cuda.flash.hd16.q16.f16]",
+      "hk::attention[cuda.flash.hd32.q16.f16]", "hk::attention[cuda.flash.hd64.q16.f16]",
+      "hk::attention[cuda.flash.hd128.q16.f16]", "hk::attention[cuda.flash.hd256.q16.f16]"};
+  static const char* const kF32[] = {
+      "hk::attention[cuda.flash.hd8.f32]",  "hk::attention[cuda.flash.hd16.f32]",
+      "hk::attention[cuda.flash.hd32.f32]", "hk::attention[cuda.flash.hd64.f32]",
+      "hk::attention[cuda.flash.hd128.f32]", "hk::attention[cuda.flash.hd256.f32]"};
+  if (p.head_dim < 1 || p.head_dim > kMaxHeadDim) return "hk::attention[cuda.flash.unsupported]";
+  const int i = bucket_index(head_dim_bucket(p.head_dim));
+  if (p.dtype == DType::f32) return kF32[i];
+  return resolve_tile(p, tile) == FlashQueryTile::q64 ? kF16Q64[i] : kF16Q16[i];
+}
+
+const char* attention_flash_name(const AttentionParams& p) {
+  return attention_flash_name(p, FlashQueryTile::automatic);
+}
+
+}  // namespace hk::cuda

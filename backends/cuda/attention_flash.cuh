@@ -1,0 +1,34 @@
+// The own flash-attention route of the CUDA backend: fused softmax(q k^T * scale) v over the
+// strided q/k/v views of the fused QKV rows (layout contract: attention.hpp).
+//   f16: tensor-core kernel (mma.sync m16n8k16 / m16n8k8, fp32 accumulation, online softmax),
+//        head_dim a multiple of 8 up to 256, 16-byte aligned rows.
+//   f32: SIMT kernel, fp32 everywhere (the `fp32` precision mode), any head_dim up to 256.
+// Both honour lengths (keys j >= len masked, query rows s >= len written as zeros), causal
+// masking with block skipping, and the packed layout (seq_start). With seq_start set, positions
+// s >= lengths[b] are not part of the buffer (the next sequence starts there), so nothing is
+// read from or written to them.
+#pragma once
+
+#include "attention.hpp"
+
+namespace hk::cuda {
+
+// Query rows per thread block of the f16 kernel. `automatic` picks q64 (4 warps) unless even the
+// q16 grid (1 warp per block) has no more blocks than SMs. The explicit values exist for tuning
+// and for tests that must exercise both.
+enum class FlashQueryTile : int { automatic = 0, q64 = 64, q16 = 16 };
+
+// True when the kernels can run these parameters (dtype, head_dim, strides, alignment, grid).
+bool attention_flash_supports(const AttentionParams& p);
+
+// Launches the kernel on `stream`: no synchronisation, no allocation, graph-capturable.
+// Throws std::invalid_argument when !attention_flash_supports(p). The f32 kernel ignores `tile`.
+void attention_flash(const AttentionParams& p, cudaStream_t stream);
+void attention_flash(const AttentionParams& p, cudaStream_t stream, FlashQueryTile tile);
+
+// Profiler name of the instantiation `attention_flash(p, stream)` runs,
+// e.g. "hk::attention[cuda.flash.hd64.q64.f16]".
+const char* attention_flash_name(const AttentionParams& p);
+const char* attention_flash_name(const AttentionParams& p, FlashQueryTile tile);
+
+}  // namespace hk::cuda

@@ -1,0 +1,45 @@
+// The attention routes as the engine sees them: one adapter over the own flash kernel
+// (attention_flash.cuh) and the cuDNN graph (attention_cudnn.cuh), so that the engine compiles
+// and plans whether or not each route is part of this build (HK_CUDA_HAVE_FLASH /
+// HK_CUDA_HAVE_CUDNN, set by backends/cuda/CMakeLists.txt). Host-compilable header.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "attention.hpp"
+
+namespace hk::cuda {
+
+// The own flash kernel (the default route).
+bool flash_route_compiled();
+bool flash_route_supports(const AttentionParams& p);
+std::string flash_route_name(const AttentionParams& p);
+void flash_route_run(const AttentionParams& p, cudaStream_t stream);
+
+// The cuDNN route (HK_ATTENTION=cudnn). prepare() builds cuDNN's plan (slow): plan time only,
+// never inside a capture.
+class CudnnRoute {
+ public:
+  static bool compiled();
+  static bool runtime_ok(std::string* why_not);
+  CudnnRoute();
+  ~CudnnRoute();
+  CudnnRoute(const CudnnRoute&) = delete;
+  CudnnRoute& operator=(const CudnnRoute&) = delete;
+  bool supports(const AttentionParams& p) const;
+  void prepare(const AttentionParams& p, cudaStream_t stream);
+  size_t workspace_bytes(const AttentionParams& p) const;
+  void run(const AttentionParams& p, void* workspace, cudaStream_t stream);
+  std::string name() const;
+  std::string plan_info(const AttentionParams& p) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hk::cuda

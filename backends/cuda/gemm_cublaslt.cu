@@ -1,0 +1,152 @@
+// cuBLASLt GEMMs (see gemm_cublaslt.cuh). Host code only: every kernel comes from cuBLASLt.
+#include "gemm_cublaslt.cuh"
+
+#include <cstdio>
+#include <string>
+
+#include "common.cuh"
+
+namespace hk::cuda {
+namespace {
+
+cudaDataType_t cuda_type(DType t) { return t == DType::f16 ? CUDA_R_16F : CUDA_R_32F; }
+
+cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
+  return e == GemmEpilogue::bias_gelu_tanh ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+}
+
+template <class T>
+T algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  T v{};
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS)
+    return T{};
+  return v;
+}
+
+}  // namespace
+
+const char* to_string(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::bias: return "bias";
+    case GemmEpilogue::bias_gelu_tanh: return "bias_gelu_tanh";
+    case GemmEpilogue::bias_residual: return "bias_residual";
+  }
+  return "?";
+}
+
+void check_cublas(cublasStatus_t s, const char* what, const char* file, int line) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw CudaError(std::string("cuBLASLt error in ") + what + " (" + file + ":" + std::to_string(line) +
+                    "): " + cublasLtGetStatusString(s));
+}
+
+LtGemm::LtGemm(cublasLtHandle_t lt, const GemmShape& shape, const void* bias_example,
+               size_t workspace_bytes, int top_k, unsigned residual_align)
+    : lt_(lt), shape_(shape), workspace_bytes_(workspace_bytes) {
+  if (shape.rows <= 0 || shape.n <= 0 || shape.k <= 0)
+    throw CudaError("LtGemm: empty shape rows=" + std::to_string(shape.rows) + " n=" + std::to_string(shape.n) +
+                    " k=" + std::to_string(shape.k));
+  if (shape.epilogue == GemmEpilogue::bias_residual && shape.out_type != DType::f32)
+    throw CudaError("LtGemm: the residual epilogue writes the fp32 residual stream");
+  const cudaDataType_t ab = cuda_type(shape.in_type), cd = cuda_type(shape.out_type);
+  // Column-major views of the row-major buffers (see the header): W as k x n (ld k), the
+  // activations as k x rows (ld k), the output as n x rows (ld n).
+  cublasLtMatmulDesc_t probe = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  try {
+    HK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_, ab, uint64_t(shape.k), uint64_t(shape.n), int64_t(shape.k)));
+    HK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_, ab, uint64_t(shape.k), uint64_t(shape.rows), int64_t(shape.k)));
+    HK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c_, cd, uint64_t(shape.n), uint64_t(shape.rows), int64_t(shape.n)));
+    probe = make_desc(bias_example);
+    HK_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = workspace_bytes;
+    HK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    if (shape.epilogue == GemmEpilogue::bias_residual) {
+      // The residual input of layer 0 is the caller's x, guaranteed only 16-byte aligned.
+      const uint32_t c_align = residual_align;
+      HK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                           &c_align, sizeof(c_align)));
+    }
+    std::vector<cublasLtMatmulHeuristicResult_t> found(size_t(top_k > 0 ? top_k : 1));
+    int count = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, probe, a_, b_, c_, c_, pref, int(found.size()),
+                                                             found.data(), &count);
+    // NOT_SUPPORTED means "no algorithm for this problem": available() reports it.
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) HK_CUBLAS_CHECK(st);
+    for (int i = 0; i < count && st == CUBLAS_STATUS_SUCCESS; ++i)
+      if (found[size_t(i)].state == CUBLAS_STATUS_SUCCESS) candidates_.push_back(found[size_t(i)]);
+  } catch (...) {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (probe) cublasLtMatmulDescDestroy(probe);
+    if (a_) cublasLtMatrixLayoutDestroy(a_);
+    if (b_) cublasLtMatrixLayoutDestroy(b_);
+    if (c_) cublasLtMatrixLayoutDestroy(c_);
+    throw;
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatmulDescDestroy(probe);
+}
+
+LtGemm::~LtGemm() {
+  for (auto d : descs_) cublasLtMatmulDescDestroy(d);
+  if (a_) cublasLtMatrixLayoutDestroy(a_);
+  if (b_) cublasLtMatrixLayoutDestroy(b_);
+  if (c_) cublasLtMatrixLayoutDestroy(c_);
+}
+
+cublasLtMatmulDesc_t LtGemm::make_desc(const void* bias) const {
+  cublasLtMatmulDesc_t d = nullptr;
+  HK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  try {
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const cublasLtEpilogue_t epi = lt_epilogue(shape_.epilogue);
+    HK_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    HK_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    HK_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    HK_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  } catch (...) {
+    cublasLtMatmulDescDestroy(d);
+    throw;
+  }
+  return d;
+}
+
+void LtGemm::select(int index) {
+  if (index < 0 || index >= int(candidates_.size()))
+    throw CudaError("LtGemm::select: no candidate " + std::to_string(index) + " (have " +
+                    std::to_string(candidates_.size()) + ")");
+  selected_ = index;
+}
+
+std::string LtGemm::describe(int index) const {
+  if (index < 0) index = selected_;
+  if (index >= int(candidates_.size())) return "no algorithm";
+  const cublasLtMatmulHeuristicResult_t& r = candidates_[size_t(index)];
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "algo %d tile %u stages %u splitk %d ws %zu KiB waves %.2f",
+                algo_config<int32_t>(r.algo, CUBLASLT_ALGO_CONFIG_ID),
+                algo_config<uint32_t>(r.algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+                algo_config<uint32_t>(r.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                algo_config<int32_t>(r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM), r.workspaceSize >> 10,
+                double(r.wavesCount));
+  return buf;
+}
+
+int LtGemm::bind_bias(const void* bias) {
+  descs_.push_back(make_desc(bias));
+  return int(descs_.size()) - 1;
+}
+
+void LtGemm::run(int binding, const void* W, const void* in, const float* residual, void* out,
+                 void* workspace, cudaStream_t stream) const {
+  if (candidates_.empty()) throw CudaError("LtGemm::run: no cuBLASLt algorithm for this shape");
+  const float alpha = 1.f;
+  const float beta = shape_.epilogue == GemmEpilogue::bias_residual ? 1.f : 0.f;
+  const void* c = shape_.epilogue == GemmEpilogue::bias_residual ? static_cast<const void*>(residual) : out;
+  const cublasLtMatmulHeuristicResult_t& r = candidates_[size_t(selected_)];
+  HK_CUBLAS_CHECK(cublasLtMatmul(lt_, descs_.at(size_t(binding)), &alpha, W, a_, in, b_, &beta, c, c_, out, c_,
+                                 &r.algo, workspace, workspace_bytes_, stream));
+}
+
+}  // namespace hk::cuda

@@ -1,0 +1,284 @@
+// Host-side tests of the CUDA backend: what runs without a GPU. Registration and the error a
+// GPU-less machine gets, the weight image (q/k/v fusion, types, alignment), the arena layout,
+// the row-kernel launch table and the environment knobs. The kernels are tested by test/gpu.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "arena.hpp"
+#include "cuda/backend.hpp"
+#include "cuda/engine.hpp"
+#include "gemm_cublaslt.cuh"
+#include "hk/engine.hpp"
+#include "hk/error.hpp"
+#include "hk/synthetic.hpp"
+#include "rownorm.cuh"
+#include "weights.hpp"
+
+namespace {
+
+using hk::cuda::DType;
+
+// An independent look at the machine: is there a device the backend should accept?
+bool usable_gpu_present() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) == cudaSuccess && p.major >= 8) return true;
+  }
+  return false;
+}
+
+hk::ModelConfig small_config() {
+  hk::ModelConfig c;
+  c.d_model = 8;
+  c.n_heads = 2;
+  c.n_layers = 2;
+  c.ffn_dim = 12;
+  c.causal = true;
+  return c;
+}
+
+TEST(CudaBackendHost, IsRegisteredFirst) {
+  const auto all = hk::backends();
+  ASSERT_FALSE(all.empty());
+  EXPECT_EQ(all.front()->name(), "cuda");
+  EXPECT_EQ(&hk::cuda::backend(), all.front());
+}
+
+TEST(CudaBackendHost, ReasonMatchesTheMachine) {
+  const std::string why = hk::cuda::backend().unavailable_reason();
+  std::printf("unavailable_reason: \"%s\"\n", why.c_str());
+  if (usable_gpu_present()) {
+    EXPECT_TRUE(why.empty()) << why;
+  } else {
+    EXPECT_FALSE(why.empty());
+    EXPECT_NE(why.find("CUDA"), std::string::npos) << why;
+  }
+}
+
+TEST(CudaBackendHost, MakeEngineGivesAClearErrorWithoutGpu) {
+  if (usable_gpu_present()) GTEST_SKIP() << "a usable GPU is present: test/gpu covers engine creation";
+  const hk::Model model = hk::synthetic_model(small_config(), 1);
+  hk::EngineOptions o;
+  o.backend = "cuda";
+  o.max_batch = 2;
+  o.seq_len = 4;
+  try {
+    hk::make_engine(model, o);
+    FAIL() << "make_engine({backend cuda}) succeeded without a GPU";
+  } catch (const hk::Error& e) {
+    const std::string msg = e.what();
+    std::printf("make_engine: %s\n", msg.c_str());
+    EXPECT_NE(msg.find("cuda"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(hk::cuda::backend().unavailable_reason()), std::string::npos) << msg;
+  }
+  EXPECT_THROW(hk::cuda::backend().create(model, o), hk::Error);
+  // "auto" must fall through to a host backend rather than fail.
+  o.backend = "auto";
+  std::unique_ptr<hk::Engine> e;
+  EXPECT_NO_THROW(e = hk::make_engine(model, o));
+  if (e) EXPECT_NE(e->backend(), "cuda");
+}
+
+float half_bits_to_float(const unsigned char* p) {
+  __half h;
+  std::memcpy(&h, p, sizeof(h));
+  return __half2float(h);
+}
+float float_at(const unsigned char* p) {
+  float f;
+  std::memcpy(&f, p, sizeof(f));
+  return f;
+}
+
+// Every element of `want` (float64) at byte offset `off` of the image, converted as the device
+// type expects: fp16 by one rounding from float64, fp32 by one rounding.
+void expect_tensor(const hk::cuda::WeightImage& img, size_t off, const std::vector<double>& want, DType t,
+                   const char* what) {
+  const size_t elem = t == DType::f16 ? 2 : 4;
+  ASSERT_LE(off + want.size() * elem, img.bytes.size()) << what;
+  EXPECT_EQ(off % hk::cuda::kTensorAlign, 0u) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const unsigned char* p = img.bytes.data() + off + i * elem;
+    const float got = t == DType::f16 ? half_bits_to_float(p) : float_at(p);
+    const float exp = t == DType::f16 ? __half2float(__double2half(want[i])) : float(want[i]);
+    ASSERT_EQ(got, exp) << what << " element " << i;
+  }
+}
+
+std::vector<double> concat(std::initializer_list<const std::vector<double>*> parts) {
+  std::vector<double> all;
+  for (const auto* p : parts) all.insert(all.end(), p->begin(), p->end());
+  return all;
+}
+
+void check_image(hk::Precision prec) {
+  const hk::Model m = hk::synthetic_model(small_config(), 7, /*nontrivial_ln=*/true);
+  const hk::cuda::WeightImage img = hk::cuda::build_weight_image(m, prec);
+  const DType g = prec == hk::Precision::fast ? DType::f16 : DType::f32;
+  EXPECT_EQ(img.gemm_type, g);
+  ASSERT_EQ(img.layers.size(), m.layers.size());
+  std::vector<std::pair<size_t, size_t>> spans;  // [offset, bytes) of every tensor
+  auto note = [&spans](size_t off, size_t n, DType t) { spans.push_back({off, n * (t == DType::f16 ? 2 : 4)}); };
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    const hk::LayerWeights& w = m.layers[l];
+    const auto& o = img.layers[l];
+    const auto qkv_w = concat({&w.q_w, &w.k_w, &w.v_w}), qkv_b = concat({&w.q_b, &w.k_b, &w.v_b});
+    expect_tensor(img, o.ln1_w, w.norm1_w, DType::f32, "ln1_w");
+    expect_tensor(img, o.ln1_b, w.norm1_b, DType::f32, "ln1_b");
+    expect_tensor(img, o.w_qkv, qkv_w, g, "w_qkv (rows q | k | v)");
+    expect_tensor(img, o.b_qkv, qkv_b, g, "b_qkv");
+    expect_tensor(img, o.w_o, w.o_w, g, "w_o");
+    expect_tensor(img, o.b_o, w.o_b, DType::f32, "b_o (fp32: residual epilogue)");
+    expect_tensor(img, o.ln2_w, w.norm2_w, DType::f32, "ln2_w");
+    expect_tensor(img, o.ln2_b, w.norm2_b, DType::f32, "ln2_b");
+    expect_tensor(img, o.w_in, w.ffn_in_w, g, "w_in");
+    expect_tensor(img, o.b_in, w.ffn_in_b, g, "b_in");
+    expect_tensor(img, o.w_out, w.ffn_out_w, g, "w_out");
+    expect_tensor(img, o.b_out, w.ffn_out_b, DType::f32, "b_out (fp32: residual epilogue)");
+    note(o.ln1_w, w.norm1_w.size(), DType::f32);
+    note(o.ln1_b, w.norm1_b.size(), DType::f32);
+    note(o.w_qkv, qkv_w.size(), g);
+    note(o.b_qkv, qkv_b.size(), g);
+    note(o.w_o, w.o_w.size(), g);
+    note(o.b_o, w.o_b.size(), DType::f32);
+    note(o.ln2_w, w.norm2_w.size(), DType::f32);
+    note(o.ln2_b, w.norm2_b.size(), DType::f32);
+    note(o.w_in, w.ffn_in_w.size(), g);
+    note(o.b_in, w.ffn_in_b.size(), g);
+    note(o.w_out, w.ffn_out_w.size(), g);
+    note(o.b_out, w.ffn_out_b.size(), DType::f32);
+  }
+  expect_tensor(img, img.final_w, m.final_norm_w, DType::f32, "final_w");
+  expect_tensor(img, img.final_b, m.final_norm_b, DType::f32, "final_b");
+  note(img.final_w, m.final_norm_w.size(), DType::f32);
+  note(img.final_b, m.final_norm_b.size(), DType::f32);
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i)
+    EXPECT_LE(spans[i - 1].first + spans[i - 1].second, spans[i].first) << "tensors overlap";
+}
+
+TEST(CudaWeightImage, FastIsFp16WithFusedQkv) { check_image(hk::Precision::fast); }
+TEST(CudaWeightImage, Fp32IsFp32WithFusedQkv) { check_image(hk::Precision::fp32); }
+TEST(CudaWeightImage, ReferencePrecisionIsRejected) {
+  const hk::Model m = hk::synthetic_model(small_config(), 7);
+  EXPECT_THROW(hk::cuda::build_weight_image(m, hk::Precision::reference), hk::Error);
+}
+
+TEST(CudaArenaLayout, BuffersAreDisjointAlignedAndLargeEnough) {
+  for (hk::Precision prec : {hk::Precision::fast, hk::Precision::fp32}) {
+    for (auto [B, S, D, F] : {std::tuple{1, 1, 8, 8}, std::tuple{3, 7, 24, 40}, std::tuple{64, 128, 1024, 1024},
+                              std::tuple{10000, 128, 128, 128}, std::tuple{2, 9, 30, 50}}) {
+      hk::ModelConfig c;
+      c.d_model = D;
+      c.n_heads = 1;
+      c.n_layers = 1;
+      c.ffn_dim = F;
+      const auto l = hk::cuda::activation_layout(c, B, S, prec, hk::cuda::kLtWorkspaceBytes);
+      const size_t T = size_t(B) * S, a = prec == hk::Precision::fast ? 2 : 4;
+      EXPECT_EQ(l.act, prec == hk::Precision::fast ? DType::f16 : DType::f32);
+      std::vector<std::pair<size_t, size_t>> spans = {
+          {l.x_in, T * D * 4}, {l.x, T * D * 4},          {l.h, T * D * a},         {l.qkv, T * 3 * D * a},
+          {l.o, T * D * a},    {l.f, T * F * a},          {l.y[0], T * D * 4},      {l.y[1], T * D * 4},
+          {l.lengths_in, size_t(B) * 4}, {l.lengths_full, size_t(B) * 4}, {l.workspace, l.workspace_bytes}};
+      for (const auto& s : spans) {
+        EXPECT_EQ(s.first % 256, 0u);
+        EXPECT_LE(s.first + s.second, l.total);
+      }
+      std::sort(spans.begin(), spans.end());
+      for (size_t i = 1; i < spans.size(); ++i) EXPECT_LE(spans[i - 1].first + spans[i - 1].second, spans[i].first);
+    }
+  }
+}
+
+TEST(CudaRowNormLaunch, EveryWidthIsCoveredWithinTheRegisterBudget) {
+  int warp = 0, block = 0, loop = 0;
+  for (int D = 1; D <= 20000; ++D) {
+    const hk::cuda::RowNormLaunch l = hk::cuda::choose_row_norm_launch(D);
+    if (l.threads_per_row == 0) {
+      ++loop;
+      EXPECT_GT(D, 8192) << "a width that fits in registers fell back to the looping kernel";
+      continue;
+    }
+    ASSERT_TRUE(l.threads_per_row == 32 || l.threads_per_row == 256) << D;
+    ASSERT_EQ(D % l.vec, 0) << "vector loads need D % vec == 0, D = " << D;
+    ASSERT_LE(l.per_thread * l.vec, 32) << D;
+    ASSERT_GE(int64_t(l.threads_per_row) * l.per_thread * l.vec, D) << "row not covered, D = " << D;
+    (l.threads_per_row == 32 ? warp : block)++;
+    if (D <= 1024) EXPECT_EQ(l.threads_per_row, 32) << "D <= 1024 should take a warp per row, D = " << D;
+    if (D % 4 == 0) EXPECT_EQ(l.vec, 4) << "D % 4 == 0 should take 16-byte loads, D = " << D;
+  }
+  EXPECT_STREQ(hk::cuda::row_norm_variant(128), "cuda.warp");
+  EXPECT_STREQ(hk::cuda::row_norm_variant(2048), "cuda.block");
+  EXPECT_STREQ(hk::cuda::row_norm_variant(16384), "cuda.block_loop");
+  std::printf("widths 1..20000: %d warp, %d block, %d looping\n", warp, block, loop);
+}
+
+class EnvGuard {
+ public:
+  explicit EnvGuard(const char* name) : name_(name) {
+    const char* v = std::getenv(name);
+    had_ = v != nullptr;
+    if (had_) old_ = v;
+  }
+  ~EnvGuard() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+TEST(CudaRoutes, EnvironmentKnobs) {
+  EnvGuard g1("HK_GELU"), g2("HK_ATTENTION"), g3("HK_GRAPH"), g4("HK_CUDA_POISON");
+  unsetenv("HK_GELU");
+  unsetenv("HK_ATTENTION");
+  unsetenv("HK_GRAPH");
+  unsetenv("HK_CUDA_POISON");
+  hk::cuda::Routes r = hk::cuda::routes_from_environment();
+  EXPECT_FALSE(r.gelu_epilogue);  // erf until measured
+  EXPECT_FALSE(r.prefer_cudnn);
+  EXPECT_TRUE(r.graphs);
+  EXPECT_FALSE(r.poison);
+  setenv("HK_GELU", "epilogue", 1);
+  setenv("HK_ATTENTION", "cudnn", 1);
+  setenv("HK_GRAPH", "0", 1);
+  setenv("HK_CUDA_POISON", "1", 1);
+  r = hk::cuda::routes_from_environment();
+  EXPECT_TRUE(r.gelu_epilogue);
+  EXPECT_TRUE(r.prefer_cudnn);
+  EXPECT_FALSE(r.graphs);
+  EXPECT_TRUE(r.poison);
+  for (const char* name : {"HK_GELU", "HK_ATTENTION", "HK_GRAPH", "HK_CUDA_POISON"}) {
+    EnvGuard keep(name);
+    setenv(name, "bogus", 1);
+    try {
+      hk::cuda::routes_from_environment();
+      ADD_FAILURE() << name << "=bogus was accepted";
+    } catch (const hk::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
