@@ -1,0 +1,227 @@
+#include "hk/io/input_file.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "hk/error.hpp"
+#include "hk/io/h5_detail.hpp"
+
+namespace hk::io {
+
+using namespace detail;
+
+namespace {
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr size_t kChunkCacheBytes = size_t(64) << 20;
+constexpr int64_t kLengthsBlock = int64_t(1) << 20;  // lengths validated in blocks: bounded memory
+}  // namespace
+
+struct InputFile::Impl {
+  std::string path;
+  Handle file, x, lengths;
+  std::vector<int64_t> x_dims;
+  int64_t B = 0;
+  int S = 0, D = 0;
+  FloatKind x_kind = FloatKind::f32;
+  std::vector<uint16_t> half;  // staging for float16 x
+
+  void open(int expected_d);
+  void validate_lengths();
+};
+
+void InputFile::Impl::open(int expected_d) {
+  file = open_file(path);
+  open_group(file.get(), path, "/input");
+  const std::string xd = expected_d > 0 ? std::to_string(expected_d) : "D";
+  const std::string shape = "[B, S, " + xd + "]";
+  Handle dapl = chunk_cache_access(kChunkCacheBytes);
+  x = open_dataset(file.get(), path, "/input/x", "a float32 or float16 dataset of shape " + shape, dapl.get());
+  x_dims = dataset_dims(x.get(), path, "/input/x");
+  if (x_dims.size() != 3)
+    fail(path, "/input/x", "expected rank 3 " + shape + ", found shape " + shape_string(x_dims));
+  Handle type = type_handle(H5Dget_type(x.get()));
+  if (!type.valid()) fail_h5(path, "/input/x", "cannot read its type");
+  x_kind = float_kind(type.get());
+  if (x_kind != FloatKind::f32 && x_kind != FloatKind::f16)
+    fail(path, "/input/x", "expected float32 or float16, found " + describe_type(type.get()));
+  if (expected_d > 0 && x_dims[2] != expected_d)
+    fail(path, "/input/x", "expected shape " + shape + " (d_model of the model), found " + shape_string(x_dims));
+  if (x_dims[0] < 1 || x_dims[1] < 1 || x_dims[2] < 1)
+    fail(path, "/input/x", "expected B, S and D >= 1, found shape " + shape_string(x_dims));
+  if (x_dims[1] > kInt32Max || x_dims[2] > kInt32Max || x_dims[1] * x_dims[2] > kInt32Max)
+    fail(path, "/input/x", "expected one sequence S * D to hold at most 2^31-1 elements, found shape " +
+                               shape_string(x_dims));
+  // B * S * D * 4 bytes must be addressable with 64-bit offsets.
+  if (x_dims[0] > std::numeric_limits<int64_t>::max() / 4 / (x_dims[1] * x_dims[2]))
+    fail(path, "/input/x", "expected B * S * D * 4 bytes to fit in 64 bits, found shape " +
+                               shape_string(x_dims) + " (overflow)");
+  B = x_dims[0];
+  S = int(x_dims[1]);
+  D = int(x_dims[2]);
+
+  const ObjectKind lk = object_kind(file.get(), "/input/lengths");
+  if (lk == ObjectKind::none) return;  // optional: every position valid
+  lengths = open_dataset(file.get(), path, "/input/lengths", "an integer dataset of shape [B]");
+  const std::vector<int64_t> ld = dataset_dims(lengths.get(), path, "/input/lengths");
+  if (ld.size() != 1 || ld[0] != B)
+    fail(path, "/input/lengths", "expected shape [" + std::to_string(B) + "] (one length per sequence of x), found " +
+                                     shape_string(ld));
+  Handle ltype = type_handle(H5Dget_type(lengths.get()));
+  if (!ltype.valid()) fail_h5(path, "/input/lengths", "cannot read its type");
+  if (H5Tget_class(ltype.get()) != H5T_INTEGER)
+    fail(path, "/input/lengths", "expected an integer type, found " + describe_type(ltype.get()));
+  validate_lengths();
+}
+
+void InputFile::Impl::validate_lengths() {
+  std::vector<int64_t> buf;
+  for (int64_t b0 = 0; b0 < B; b0 += kLengthsBlock) {
+    const int64_t nb = std::min(kLengthsBlock, B - b0);
+    buf.resize(size_t(nb));
+    Handle fspace = select_rows(lengths.get(), {B}, b0, nb, path, "/input/lengths");
+    Handle mspace = simple_space({nb}, path, "/input/lengths");
+    // Any integer width converts to int64; unsigned values beyond int64 saturate and fail below.
+    if (H5Dread(lengths.get(), H5T_NATIVE_INT64, mspace.get(), fspace.get(), H5P_DEFAULT, buf.data()) < 0)
+      fail_h5(path, "/input/lengths", "expected readable data, found a read error (truncated or damaged file?)");
+    for (int64_t i = 0; i < nb; ++i)
+      if (buf[size_t(i)] < 0 || buf[size_t(i)] > S)
+        fail(path, "/input/lengths", "expected values in 0.." + std::to_string(S) + ", found " +
+                                         std::to_string(buf[size_t(i)]) + " at [" + std::to_string(b0 + i) + "]");
+  }
+}
+
+InputFile::InputFile(const std::string& path) : InputFile(path, ModelConfig{}) {}
+
+InputFile::InputFile(const std::string& path, const ModelConfig& model) : impl_(std::make_unique<Impl>()) {
+  std::lock_guard<std::recursive_mutex> lock(h5_mutex());
+  init();
+  impl_->path = path;
+  try {
+    impl_->open(model.d_model);
+  } catch (...) {
+    impl_.reset();  // close the handles under the lock
+    throw;
+  }
+}
+
+InputFile::~InputFile() {
+  std::lock_guard<std::recursive_mutex> lock(h5_mutex());
+  impl_.reset();
+}
+
+const std::string& InputFile::path() const { return impl_->path; }
+int64_t InputFile::batch() const { return impl_->B; }
+int InputFile::seq_len() const { return impl_->S; }
+int InputFile::d_model() const { return impl_->D; }
+bool InputFile::has_lengths() const { return impl_->lengths.valid(); }
+DType InputFile::x_type() const { return impl_->x_kind == FloatKind::f16 ? DType::float16 : DType::float32; }
+
+void InputFile::read(int64_t b0, int64_t nb, float* x, int32_t* lengths) {
+  std::lock_guard<std::recursive_mutex> lock(h5_mutex());
+  init();
+  Impl& m = *impl_;
+  if (b0 < 0 || nb < 0 || b0 > m.B - nb)
+    fail(m.path, "/input/x", "sequences [" + std::to_string(b0) + ", " + std::to_string(b0 + nb) +
+                                 ") requested, expected a range inside [0, " + std::to_string(m.B) + ")");
+  if (nb == 0) return;
+  const int64_t per_seq = int64_t(m.S) * m.D;
+  const int64_t n = nb * per_seq;
+  Handle fspace = select_rows(m.x.get(), m.x_dims, b0, nb, m.path, "/input/x");
+  // Same shape as the file selection: HDF5 then copies whole chunks instead of element runs.
+  Handle mspace = simple_space({nb, m.S, m.D}, m.path, "/input/x");
+  herr_t st;
+  if (m.x_kind == FloatKind::f16) {
+    m.half.resize(size_t(n));
+    st = H5Dread(m.x.get(), half_type(), mspace.get(), fspace.get(), H5P_DEFAULT, m.half.data());
+    if (st >= 0)
+      for (int64_t i = 0; i < n; ++i) x[i] = float(half_to_double(m.half[size_t(i)]));
+  } else {
+    st = H5Dread(m.x.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), H5P_DEFAULT, x);
+  }
+  if (st < 0)
+    fail_h5(m.path, "/input/x", "expected readable data for sequences [" + std::to_string(b0) + ", " +
+                                    std::to_string(b0 + nb) + "), found a read error (truncated or damaged file?)");
+  // Checked here, slice by slice, so that no backend ever sees a non-finite input.
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) {
+      const int64_t b = b0 + i / per_seq, s = (i / m.D) % m.S, d = i % m.D;
+      fail(m.path, "/input/x", std::string("expected finite values, found ") +
+                                   (std::isnan(x[i]) ? "NaN" : (x[i] > 0 ? "+Inf" : "-Inf")) + " at " +
+                                   index_string({b, s, d}));
+    }
+
+  if (!lengths) return;
+  if (!m.lengths.valid()) {
+    for (int64_t i = 0; i < nb; ++i) lengths[i] = m.S;
+    return;
+  }
+  Handle lf = select_rows(m.lengths.get(), {m.B}, b0, nb, m.path, "/input/lengths");
+  Handle lm = simple_space({nb}, m.path, "/input/lengths");
+  std::vector<int64_t> buf(static_cast<size_t>(nb));
+  if (H5Dread(m.lengths.get(), H5T_NATIVE_INT64, lm.get(), lf.get(), H5P_DEFAULT, buf.data()) < 0)
+    fail_h5(m.path, "/input/lengths", "expected readable data, found a read error (truncated or damaged file?)");
+  for (int64_t i = 0; i < nb; ++i) {
+    // Validated when opened; checked again because the file could have changed since.
+    if (buf[size_t(i)] < 0 || buf[size_t(i)] > m.S)
+      fail(m.path, "/input/lengths", "expected values in 0.." + std::to_string(m.S) + ", found " +
+                                         std::to_string(buf[size_t(i)]) + " at [" + std::to_string(b0 + i) + "]");
+    lengths[i] = int32_t(buf[size_t(i)]);
+  }
+}
+
+void write_input(const std::string& path, int64_t B, int S, int D, const float* x, const int32_t* lengths,
+                 DType x_type, WriteMode mode) {
+  std::lock_guard<std::recursive_mutex> lock(h5_mutex());
+  init();
+  if (B < 1 || S < 1 || D < 1)
+    throw Error(path + ": /input/x: expected B, S and D >= 1, found [" + std::to_string(B) + ", " +
+                std::to_string(S) + ", " + std::to_string(D) + "]");
+  if (x_type == DType::float64)
+    throw Error(path + ": /input/x: x is written as float32 or float16 (FORMAT.md), not float64");
+  for (int64_t b = 0; lengths && b < B; ++b)
+    if (lengths[b] < 0 || lengths[b] > S)
+      throw Error(path + ": /input/lengths: expected values in 0.." + std::to_string(S) + ", found " +
+                  std::to_string(lengths[b]) + " at [" + std::to_string(b) + "]");
+  Handle file = mode == WriteMode::create ? create_file(path) : open_file(path, /*writable=*/true);
+  const ObjectKind existing = object_kind(file.get(), "/input");
+  if (existing != ObjectKind::none)
+    fail(path, "/input", std::string("expected no /input yet (writing a new input), found ") + kind_name(existing));
+  Handle group = require_group(file.get(), path, "/input");
+
+  const std::vector<int64_t> dims = {B, S, D};
+  const bool half = x_type == DType::float16;
+  const size_t elt = half ? 2 : 4;
+  {
+    Handle space = simple_space(dims, path, "/input/x");
+    Handle dcpl = dataset_creation(chunk_dims(dims, elt));
+    Handle dset = dataset_handle(H5Dcreate2(group.get(), "x", half ? half_type() : H5T_IEEE_F32LE, space.get(),
+                                            H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
+    if (!dset.valid()) fail_h5(path, "/input/x", "cannot create the dataset");
+    herr_t st;
+    if (half) {
+      const int64_t n = B * S * D;
+      std::vector<uint16_t> h(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) h[size_t(i)] = double_to_half(x[i]);
+      st = H5Dwrite(dset.get(), half_type(), H5S_ALL, H5S_ALL, H5P_DEFAULT, h.data());
+    } else {
+      st = H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x);
+    }
+    if (st < 0) fail_h5(path, "/input/x", "cannot write the data (disk full?)");
+  }
+  if (lengths) {
+    Handle space = simple_space({B}, path, "/input/lengths");
+    Handle dset = dataset_handle(
+        H5Dcreate2(group.get(), "lengths", H5T_STD_I32LE, space.get(), H5P_DEFAULT, dataset_creation().get(), H5P_DEFAULT));
+    if (!dset.valid()) fail_h5(path, "/input/lengths", "cannot create the dataset");
+    if (H5Dwrite(dset.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, lengths) < 0)
+      fail_h5(path, "/input/lengths", "cannot write the data (disk full?)");
+  }
+  group.close();
+  if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0 || !file.close())
+    fail_h5(path, "/", "cannot flush and close the file (disk full?)");
+}
+
+}  // namespace hk::io

@@ -1,0 +1,49 @@
+// The /input group of FORMAT.md: x [B, S, D] float32/float16, optional lengths [B] of any
+// integer type with values in 0..S. Opening validates shapes, types and every length; x is read
+// in batch slices (hyperslabs) and each slice is checked for NaN/Inf as it is read, so that
+// inputs larger than memory stream and nothing is ever computed on a non-finite value.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "hk/config.hpp"
+#include "hk/io/dtype.hpp"
+#include "hk/io/model_file.hpp"
+
+namespace hk::io {
+
+class InputFile {
+ public:
+  // Any D.
+  explicit InputFile(const std::string& path);
+  // D must equal model.d_model.
+  InputFile(const std::string& path, const ModelConfig& model);
+  ~InputFile();
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+
+  const std::string& path() const;
+  int64_t batch() const;    // B
+  int seq_len() const;      // S
+  int d_model() const;      // D
+  bool has_lengths() const;
+  DType x_type() const;     // float32 or float16
+
+  // Sequences [b0, b0 + nb): x [nb, S, D] as float32 and lengths [nb] (all S when the file
+  // has none; `lengths` may be null). Throws hk::Error naming the first NaN/Inf of the slice.
+  void read(int64_t b0, int64_t nb, float* x, int32_t* lengths);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Writes /input/x (as `x_type`, chunked) and, when `lengths` is not null, /input/lengths
+// (int32). x is [B, S, D] float32 in memory.
+void write_input(const std::string& path, int64_t B, int S, int D, const float* x,
+                 const int32_t* lengths, DType x_type = DType::float32,
+                 WriteMode mode = WriteMode::create);
+
+}  // namespace hk::io

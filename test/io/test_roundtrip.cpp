@@ -1,0 +1,225 @@
+// Writers and readers agree: models in every weight dtype, inputs in float32/float16 with and
+// without lengths, chunked reads equal to one read; the float16 conversion is exact and rounds
+// to nearest even.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <thread>
+
+#include "h5_test_util.hpp"
+
+namespace hk::test {
+namespace {
+
+// ---- float16 conversion (exhaustive) --------------------------------------------------------
+
+TEST(Half, EveryBitPatternRoundTrips) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const double v = io::half_to_double(uint16_t(h));
+    const bool nan = ((h >> 10) & 0x1f) == 0x1f && (h & 0x3ff);
+    if (nan) {
+      ASSERT_TRUE(std::isnan(v)) << h;
+      ASSERT_EQ(io::double_to_half(v) & 0x7e00, 0x7e00) << h;
+    } else {
+      ASSERT_EQ(io::double_to_half(v), h) << "bits " << h << " value " << v;
+    }
+  }
+}
+
+TEST(Half, MidpointsRoundToEvenAndNeighboursToNearest) {
+  // Every pair of adjacent positive finite halves, including subnormal -> normal and the top.
+  for (uint32_t h = 0; h < 0x7bff; ++h) {
+    const double lo = io::half_to_double(uint16_t(h)), hi = io::half_to_double(uint16_t(h + 1));
+    const double mid = 0.5 * (lo + hi);
+    const uint16_t even = (h % 2 == 0) ? uint16_t(h) : uint16_t(h + 1);
+    ASSERT_EQ(io::double_to_half(mid), even) << h;
+    ASSERT_EQ(io::double_to_half(-mid), uint16_t(even | 0x8000)) << h;
+    const double eps = (hi - lo) * 1e-3;
+    ASSERT_EQ(io::double_to_half(mid - eps), h) << h;
+    ASSERT_EQ(io::double_to_half(mid + eps), h + 1) << h;
+  }
+}
+
+TEST(Half, OverflowAndSpecials) {
+  EXPECT_EQ(io::double_to_half(65504.0), 0x7bff);
+  EXPECT_EQ(io::double_to_half(65519.99), 0x7bff);
+  EXPECT_EQ(io::double_to_half(65520.0), 0x7c00);  // the tie rounds to even: up to Inf
+  EXPECT_EQ(io::double_to_half(1e300), 0x7c00);
+  EXPECT_EQ(io::double_to_half(-1e300), 0xfc00);
+  EXPECT_EQ(io::double_to_half(std::numeric_limits<double>::infinity()), 0x7c00);
+  EXPECT_EQ(io::double_to_half(-0.0), 0x8000);
+  EXPECT_EQ(io::double_to_half(1e-30), 0x0000);        // underflow to zero
+  EXPECT_EQ(io::double_to_half(0x1.0p-25), 0x0000);    // half the smallest subnormal: ties to even (0)
+  EXPECT_EQ(io::double_to_half(0x1.8p-25), 0x0001);
+  EXPECT_EQ(io::half_to_double(0x3c00), 1.0);
+  EXPECT_EQ(io::half_to_double(0x0001), 0x1.0p-24);
+}
+
+// ---- models --------------------------------------------------------------------------------
+
+double as_stored(double v, io::DType t) {
+  switch (t) {
+    case io::DType::float16: return io::half_to_double(io::double_to_half(v));
+    case io::DType::float32: return double(float(v));
+    case io::DType::float64: return v;
+  }
+  return v;
+}
+
+class ModelRoundTrip : public ::testing::TestWithParam<io::DType> {};
+
+TEST_P(ModelRoundTrip, EveryParameterAsStored) {
+  ScratchDir dir;
+  const std::string f = dir.path("m.h5");
+  ModelConfig c = small_config(/*causal=*/false);
+  c.eps = 3e-6;
+  Model m = synthetic_model(c, 42, /*nontrivial_ln=*/true);
+  io::ModelWriteOptions o;
+  o.dtype = GetParam();
+  io::write_model(f, m, o);
+  Model back = io::read_model(f);
+  EXPECT_EQ(back.config.d_model, c.d_model);
+  EXPECT_EQ(back.config.n_heads, c.n_heads);
+  EXPECT_EQ(back.config.n_layers, c.n_layers);
+  EXPECT_EQ(back.config.ffn_dim, c.ffn_dim);
+  EXPECT_EQ(back.config.causal, c.causal);
+  EXPECT_EQ(back.config.eps, c.eps);
+  auto a = m.parameters(), b = back.parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].name, b[i].name);
+    ASSERT_EQ(a[i].values->size(), b[i].values->size()) << a[i].name;
+    for (size_t k = 0; k < a[i].values->size(); ++k)
+      ASSERT_EQ(as_stored((*a[i].values)[k], GetParam()), (*b[i].values)[k]) << a[i].name << "[" << k << "]";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllWeightTypes, ModelRoundTrip,
+                         ::testing::Values(io::DType::float16, io::DType::float32, io::DType::float64),
+                         [](const auto& info) { return std::string(io::to_string(info.param)); });
+
+TEST(ModelWrite, WithoutEpsReadsTheDefault) {
+  ScratchDir dir;
+  const std::string f = dir.path("m.h5");
+  ModelConfig c = small_config();
+  c.eps = 1e-3;
+  io::ModelWriteOptions o;
+  o.write_eps = false;
+  io::write_model(f, synthetic_model(c, 1), o);
+  EXPECT_EQ(io::read_model(f).config.eps, 1e-5);
+}
+
+TEST(ModelWrite, RefusesASecondModelInTheSameFile) {
+  ScratchDir dir;
+  const std::string f = dir.path("m.h5");
+  io::write_model(f, synthetic_model(small_config(), 1));
+  HK_EXPECT_FILE_ERROR(error_of([&] { io::write_model(f, synthetic_model(small_config(), 1), {}, io::WriteMode::append); }),
+                       f, "/model", "found a group");
+}
+
+TEST(ModelWrite, SameSeedSameBytes) {
+  ScratchDir dir;
+  write_good_file(dir.path("a.h5"));
+  write_good_file(dir.path("b.h5"));
+  EXPECT_EQ(read_bytes(dir.path("a.h5")), read_bytes(dir.path("b.h5")));
+}
+
+// ---- inputs ----------------------------------------------------------------------------------
+
+struct InputCase {
+  io::DType x_type;
+  bool lengths;
+};
+
+class InputRoundTrip : public ::testing::TestWithParam<InputCase> {};
+
+TEST_P(InputRoundTrip, ChunkedReadsEqualOneRead) {
+  ScratchDir dir;
+  const std::string f = dir.path("in.h5");
+  const int B = 11, S = 7, D = 6;
+  const std::vector<float> x = synthetic_input(B, S, D, 5);
+  std::vector<int32_t> len = synthetic_lengths(B, S, 5);
+  len[0] = 0;
+  len[1] = S;
+  io::write_input(f, B, S, D, x.data(), GetParam().lengths ? len.data() : nullptr, GetParam().x_type);
+
+  io::InputFile in(f);
+  EXPECT_EQ(in.batch(), B);
+  EXPECT_EQ(in.seq_len(), S);
+  EXPECT_EQ(in.d_model(), D);
+  EXPECT_EQ(in.has_lengths(), GetParam().lengths);
+  EXPECT_EQ(in.x_type(), GetParam().x_type);
+
+  std::vector<float> all(size_t(B) * S * D);
+  std::vector<int32_t> all_len(B);
+  in.read(0, B, all.data(), all_len.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float expect = GetParam().x_type == io::DType::float16 ? float(io::half_to_double(io::double_to_half(x[i]))) : x[i];
+    ASSERT_EQ(all[i], expect) << i;
+  }
+  EXPECT_EQ(all_len, GetParam().lengths ? len : std::vector<int32_t>(B, S));
+
+  for (int chunk : {1, 3, 4, 10}) {
+    std::vector<float> part(size_t(chunk) * S * D);
+    std::vector<int32_t> part_len(chunk);
+    for (int b0 = 0; b0 < B; b0 += chunk) {
+      const int nb = std::min(chunk, B - b0);
+      in.read(b0, nb, part.data(), part_len.data());
+      for (size_t i = 0; i < size_t(nb) * S * D; ++i) ASSERT_EQ(part[i], all[size_t(b0) * S * D + i]) << chunk;
+      for (int i = 0; i < nb; ++i) ASSERT_EQ(part_len[size_t(i)], all_len[size_t(b0 + i)]);
+    }
+  }
+  in.read(B, 0, nullptr, nullptr);  // an empty slice is allowed
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, InputRoundTrip,
+                         ::testing::Values(InputCase{io::DType::float32, true}, InputCase{io::DType::float32, false},
+                                           InputCase{io::DType::float16, true}, InputCase{io::DType::float16, false}),
+                         [](const auto& info) {
+                           return std::string(io::to_string(info.param.x_type)) +
+                                  (info.param.lengths ? "_lengths" : "_no_lengths");
+                         });
+
+TEST(InputWrite, RefusesBadArguments) {
+  ScratchDir dir;
+  const std::string f = dir.path("in.h5");
+  std::vector<float> x(2 * 3 * 4, 0.f);
+  const int32_t bad[2] = {1, 4};
+  HK_EXPECT_FILE_ERROR(error_of([&] { io::write_input(f, 2, 3, 4, x.data(), bad); }), f, "/input/lengths", "found 4 at [1]");
+  HK_EXPECT_FILE_ERROR(error_of([&] { io::write_input(f, 2, 3, 4, x.data(), nullptr, io::DType::float64); }), f,
+                       "/input/x", "not float64");
+}
+
+TEST(InputFile, ModelAndInputInOneFile) {
+  ScratchDir dir;
+  const std::string f = dir.path("both.h5");
+  write_good_file(f);
+  const Model m = io::read_model(f);
+  io::InputFile in(f, m.config);  // the same file open twice at once
+  const Model again = io::read_model(f);
+  EXPECT_EQ(again.parameter_count(), m.parameter_count());
+  std::vector<float> x(size_t(kB) * kS * 8);
+  std::vector<int32_t> len(kB);
+  in.read(0, kB, x.data(), len.data());
+  EXPECT_EQ(len, (std::vector<int32_t>{2, 0, 5}));
+}
+
+TEST(InputFile, ReadsFromAnotherThread) {
+  // hk_forward prefetches the next chunk on a second thread; the io lock serialises HDF5.
+  ScratchDir dir;
+  const std::string f = dir.path("both.h5");
+  write_good_file(f);
+  io::InputFile in(f);
+  std::vector<float> a(size_t(kS) * 8), b(size_t(kS) * 8);
+  std::thread t([&] {
+    for (int i = 0; i < 200; ++i) in.read(i % kB, 1, a.data(), nullptr);
+  });
+  for (int i = 0; i < 200; ++i) io::read_model(f);
+  t.join();
+  in.read(0, 1, b.data(), nullptr);
+  EXPECT_EQ(io::read_model(f).config.d_model, 8);
+}
+
+}  // namespace
+}  // namespace hk::test
