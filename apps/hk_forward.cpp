@@ -25,6 +25,7 @@
 #include "hk/engine.hpp"
 #include "hk/error.hpp"
 #include "hk/io/io.hpp"
+#include "hk/tune/knobs.hpp"
 
 namespace {
 
@@ -36,7 +37,7 @@ struct Options {
   std::string backend = "auto";
   int device = 0;
   int64_t batch_chunk = 0;  // 0: sized from the memory budget below
-  bool quiet = false, progress = false, explain = false;
+  bool quiet = false, progress = false, explain = false, knobs = false;
 };
 
 // Activations of one chunk stay near this many bytes on the compute device by default.
@@ -253,7 +254,11 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_flag("--quiet", o.quiet, "no summary line (errors are still printed)");
   app.add_flag("--progress", o.progress, "show the progress bar even when stderr is not a terminal");
-  app.add_flag("--explain", o.explain, "validate the files, print the kernel plan and exit without computing");
+  app.add_flag("--explain", o.explain,
+               "validate the files, print the kernel plan and exit without computing the input; a tuning "
+               "engine (HK_TUNE) first measures its route decisions on a synthetic batch and prints each "
+               "candidate's time");
+  app.add_flag("--knobs", o.knobs, "print every HK_* environment variable (values, default, current value) and exit");
   app.set_version_flag("--version", version_string());
   try {
     app.parse(argc, argv);
@@ -261,6 +266,10 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;  // --help / --version: 0; usage errors: 2
   }
 
+  if (o.knobs) {
+    std::printf("%s", hk::tune::describe_knobs().c_str());
+    return 0;
+  }
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   try {

@@ -30,17 +30,30 @@ bool flash_route_supports([[maybe_unused]] const AttentionParams& p) {
 #endif
 }
 
-std::string flash_route_name([[maybe_unused]] const AttentionParams& p) {
 #if HK_CUDA_HAVE_FLASH
-  return attention_flash_name(p);
+namespace {
+FlashQueryTile query_tile(FlashTile t) {
+  switch (t) {
+    case FlashTile::q64: return FlashQueryTile::q64;
+    case FlashTile::q16: return FlashQueryTile::q16;
+    default: return FlashQueryTile::automatic;
+  }
+}
+}  // namespace
+#endif
+
+std::string flash_route_name([[maybe_unused]] const AttentionParams& p, [[maybe_unused]] FlashTile tile) {
+#if HK_CUDA_HAVE_FLASH
+  return attention_flash_name(p, query_tile(tile));
 #else
   return "hk::attention[cuda.flash: not built]";
 #endif
 }
 
-void flash_route_run([[maybe_unused]] const AttentionParams& p, [[maybe_unused]] cudaStream_t stream) {
+void flash_route_run([[maybe_unused]] const AttentionParams& p, [[maybe_unused]] cudaStream_t stream,
+                     [[maybe_unused]] FlashTile tile) {
 #if HK_CUDA_HAVE_FLASH
-  attention_flash(p, stream);
+  attention_flash(p, stream, query_tile(tile));
 #else
   throw CudaError("the flash attention route is not part of this build");
 #endif
@@ -62,6 +75,14 @@ bool CudnnRoute::runtime_ok(std::string* why_not) {
 #else
   if (why_not) *why_not = "the cuDNN attention route is not part of this build";
   return false;
+#endif
+}
+
+int CudnnRoute::runtime_version() {
+#if HK_CUDA_HAVE_CUDNN
+  return CudnnAttention::runtime_version();
+#else
+  return 0;
 #endif
 }
 

@@ -14,11 +14,13 @@
 
 namespace hk::cuda {
 
-// The own flash kernel (the default route).
+// The own flash kernel (the default route). Its f16 kernel has two query tiles; `automatic`
+// picks one by occupancy, the explicit ones are the measured alternatives (f32 ignores the tile).
+enum class FlashTile { automatic, q64, q16 };
 bool flash_route_compiled();
 bool flash_route_supports(const AttentionParams& p);
-std::string flash_route_name(const AttentionParams& p);
-void flash_route_run(const AttentionParams& p, cudaStream_t stream);
+std::string flash_route_name(const AttentionParams& p, FlashTile tile = FlashTile::automatic);
+void flash_route_run(const AttentionParams& p, cudaStream_t stream, FlashTile tile = FlashTile::automatic);
 
 // The cuDNN route (HK_ATTENTION=cudnn). prepare() builds cuDNN's plan (slow): plan time only,
 // never inside a capture.
@@ -26,6 +28,7 @@ class CudnnRoute {
  public:
   static bool compiled();
   static bool runtime_ok(std::string* why_not);
+  static int runtime_version();  // cudnnGetVersion(), 0 when the route is not built
   CudnnRoute();
   ~CudnnRoute();
   CudnnRoute(const CudnnRoute&) = delete;

@@ -1,9 +1,13 @@
 // The CUDA engine (see engine.hpp): the kernel table of hk/plan.hpp over cuBLASLt GEMMs, the row
-// kernels and the attention routes, per-B plans, graph capture and the host/device entry points.
+// kernels, the attention routes and the fused chains; per-B plans chosen by the tune mechanism
+// (src/hk/tune: every covering kernel of a position is a candidate, the table's first is the
+// default), graph capture and the host/device entry points.
 #include "engine.hpp"
 
 #include <cuda_runtime.h>
 
+#include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -21,8 +25,29 @@
 #include "graph.hpp"
 #include "hk/error.hpp"
 #include "hk/plan.hpp"
+#include "hk/synthetic.hpp"
+#include "hk/tune/chooser.hpp"
+#include "hk/tune/fingerprint.hpp"
+#include "hk/tune/knobs.hpp"
+#include "hk/tune/plan_choice.hpp"
 #include "rownorm.cuh"
+#include "tune_cuda.hpp"
 #include "weights.hpp"
+
+// The fused chains join the table when their sources are part of the build
+// (backends/cuda/CMakeLists.txt defines these next to the files).
+#ifndef HK_CUDA_HAVE_POST_ATTN_FUSED
+#define HK_CUDA_HAVE_POST_ATTN_FUSED 0
+#endif
+#ifndef HK_CUDA_HAVE_QKV_ATTENTION_FUSED
+#define HK_CUDA_HAVE_QKV_ATTENTION_FUSED 0
+#endif
+#if HK_CUDA_HAVE_POST_ATTN_FUSED
+#include "post_attn_fused.cuh"
+#endif
+#if HK_CUDA_HAVE_QKV_ATTENTION_FUSED
+#include "qkv_attention_fused.cuh"
+#endif
 
 namespace hk::cuda {
 namespace {
@@ -31,19 +56,6 @@ namespace {
 // rotating input sets of a benchmark (up to 8 sets x 2 outputs), across a few batch sizes.
 // An eviction waits for the device, so the cache must hold a steady workload's whole set.
 constexpr size_t kGraphCacheEntries = 32;
-
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? std::string(v) : std::string();
-}
-
-bool env_choice(const char* name, const char* off, const char* on, bool default_on) {
-  const std::string v = env(name);
-  if (v.empty()) return default_on;
-  if (v == on) return true;
-  if (v == off) return false;
-  throw Error(std::string(name) + " must be '" + off + "' or '" + on + "', got '" + v + "'");
-}
 
 // Every failure leaves the engine as hk::Error, naming what was being done.
 template <class F>
@@ -67,33 +79,152 @@ struct Ctx {
   float* y;                // [B*S, D] output
 };
 
+// The arena buffers a step reads and writes (plan.hpp's names), for the tuner: which state a
+// measured segment must restore before each candidate runs, and which outputs it must compare.
+enum BufBit : unsigned { kX = 1, kH = 2, kQKV = 4, kO = 8, kF = 16, kY = 32 };
+constexpr unsigned kAllBufs[] = {kX, kH, kQKV, kO, kF, kY};
+
+struct Access {
+  unsigned reads, writes;
+};
+Access step_access(const Step& s) {
+  const unsigned x_if_inner = s.layer == 0 ? 0u : unsigned(kX);  // layer 0 reads the caller's x
+  switch (s.kind) {
+    case StepKind::ln1: return {x_if_inner, kH};
+    case StepKind::qkv_proj: return {kH, kQKV};
+    case StepKind::attention: return {kQKV, kO};
+    case StepKind::out_proj: return {kO | x_if_inner, kX};
+    case StepKind::ln2: return {kX, kH};
+    case StepKind::ffn_in: return {kH, kF};
+    case StepKind::ffn_out: return {kF | kX, kX};
+    case StepKind::final_ln: return {kX, kY};
+  }
+  return {0, 0};
+}
+// Buffers the segment writes whose incoming value it also reads (restored before each candidate).
+unsigned restore_set(const std::vector<Step>& steps, size_t first, int count) {
+  unsigned written = 0, needed = 0;
+  for (size_t i = first; i < first + size_t(count); ++i) {
+    const Access a = step_access(steps[i]);
+    needed |= a.reads & ~written;
+    written |= a.writes;
+  }
+  return needed & written;
+}
+// Buffers the segment writes that a later step reads before overwriting (compared by the guard).
+unsigned live_outputs(const std::vector<Step>& steps, size_t first, int count) {
+  unsigned written = 0;
+  for (size_t i = first; i < first + size_t(count); ++i) written |= step_access(steps[i]).writes;
+  unsigned live = written & kY, overwritten = 0;
+  for (size_t i = first + size_t(count); i < steps.size(); ++i) {
+    const Access a = step_access(steps[i]);
+    live |= a.reads & written & ~overwritten;
+    overwritten |= a.writes;
+  }
+  return live;
+}
+
+std::string pin_of(const Routes& r, const char* family, const std::string& legacy) {
+  auto it = r.pins.find(family);
+  return it != r.pins.end() && !it->second.empty() && it->second != "auto" ? it->second : legacy;
+}
+
+// Source files (prefixes) each kind of kernel depends on: an edit invalidates its cache entries.
+const std::vector<std::string> kEngineSources = {"backends/cuda/engine.", "backends/cuda/tune_cuda",
+                                                 "backends/cuda/arena.", "backends/cuda/weights."};
+
 }  // namespace
 
 Routes routes_from_environment() {
+  using tune::knob_choice;
   Routes r;
-  r.gelu_epilogue = env_choice("HK_GELU", "erf", "epilogue", false);
-  r.prefer_cudnn = env_choice("HK_ATTENTION", "flash", "cudnn", false);
-  r.graphs = env_choice("HK_GRAPH", "0", "1", true);
-  r.poison = env_choice("HK_CUDA_POISON", "0", "1", false);
+  const std::string gelu = knob_choice("HK_GELU", {"auto", "erf", "epilogue"});
+  const std::string attention = knob_choice("HK_ATTENTION", {"auto", "flash", "flash.q64", "flash.q16", "cudnn"});
+  const std::string graph = knob_choice("HK_GRAPH", {"auto", "0", "1"});
+  r.gelu_epilogue = gelu == "epilogue";
+  r.prefer_cudnn = attention == "cudnn";
+  r.graphs = graph != "0";
+  r.poison = knob_choice("HK_CUDA_POISON", {"0", "1"}) == "1";
+  r.tune = tune::tune_enabled();
+  r.tune_verbose = knob_choice("HK_TUNE_VERBOSE", {"0", "1"}) == "1";
+  r.tune_remeasure = knob_choice("HK_TUNE_REMEASURE", {"0", "1"}) == "1";
+  if (r.tune) r.tune_cache_dir = tune::TuneCache::default_directory();
+  if (gelu == "erf") r.pins["gelu"] = "erf";
+  if (attention == "flash" || attention == "flash.q64" || attention == "flash.q16") r.pins["attention"] = attention;
+  if (graph == "1") r.pins["graph"] = "1";
+  const std::string layout = knob_choice("HK_GEMM_LAYOUT", {"auto", "nk", "kn"});
+  if (layout == "nk" || layout == "kn") r.pins["gemm_layout"] = layout;
+  const std::string algo = knob_choice("HK_GEMM_ALGO", {"auto", "0", "1", "2", "3", "4", "5", "6", "7"});
+  if (!algo.empty() && algo != "auto") r.pins["gemm_algo"] = algo;
+  if (knob_choice("HK_CHAINS", {"auto", "off"}) == "off") r.pins["chains"] = "off";
   return r;
 }
 
-// Everything that depends on B: GEMM descriptors and algorithms, the attention route, the plan.
+// The four GEMM nodes of a layer.
+enum class GemmWhich { qkv, out, in, outf };
+
+// One GEMM node of a plan: its cuBLASLt problem in the [N, K] weight layout and, when the
+// transposed copies exist, the [K, N] one; the measured (or default) layout and algorithm.
+struct GemmNode {
+  const char* step = "";
+  GemmWhich which = GemmWhich::qkv;
+  std::unique_ptr<LtGemm> nk, kn;
+  std::vector<int> nk_bind, kn_bind;  // per layer
+  bool use_kn = false;
+  bool decided = false;
+  LtGemm& active() const { return use_kn ? *kn : *nk; }
+  int binding(int layer) const { return (use_kn ? kn_bind : nk_bind)[size_t(layer)]; }
+};
+
+// What the tuner needs to know about each kernel of the table (same index).
+struct KernelMeta {
+  std::string id;                    // candidate id ("flash.q16", "post_attn", ...)
+  std::vector<std::string> sources;  // fingerprint prefixes
+  std::function<void(Ctx&, const Step*, int)> inner;  // its own decisions (GEMM algorithm, chain map)
+};
+
+// Everything that depends on B: GEMM descriptors and algorithms, the attention routes, the plan.
 struct Plan {
   int B = 0;
   int64_t T = 0;  // token rows
   Shape shape;
-  AttentionParams attn;  // lengths bound per call
-  std::unique_ptr<LtGemm> qkv, out, ffn_in, ffn_in_tanh, ffn_out;
-  std::vector<int> qkv_bind, out_bind, ffn_in_bind, ffn_in_tanh_bind, ffn_out_bind;  // per layer
-  std::string gelu_note;  // why the tanh epilogue was requested but is not used
+  std::string shape_text;  // for tune keys
+  AttentionParams attn;    // lengths bound per call
+  GemmNode qkv, out, ffn_in, ffn_in_tanh, ffn_out;
+  bool have_tanh = false;
+  std::string gelu_note;  // why the tanh epilogue is not a candidate
   std::unique_ptr<CudnnRoute> cudnn;
   DeviceBuffer cudnn_workspace;
-  std::string attention_note;  // why cuDNN was requested but is not used
+  std::string attention_note;  // why cuDNN is not a candidate (when requested)
+  std::vector<std::string> chain_notes;
   std::vector<Kernel<Ctx>> table;
+  std::vector<KernelMeta> meta;
   std::vector<PlannedKernel<Ctx>> kernels;
+  bool planned = false;  // kernels chosen (a tuning engine chooses during the first forward)
   bool warmed = false;
-  std::string graph_note;  // non-empty: capture failed, this B runs eagerly
+  std::string graph_note;  // non-empty: this B runs eagerly (capture failed or eager measured faster)
+  bool graph_decided = false;
+  std::vector<tune::Decision> decisions;
+  TuneReport report;
+#if HK_CUDA_HAVE_QKV_ATTENTION_FUSED
+  QkvAttentionParams qkv_attention{};
+  std::vector<QkvAttentionMap> qkv_attention_maps;
+  size_t qkv_attention_map = 0;
+  bool qkv_attention_decided = false;
+#endif
+  size_t index_of(const Kernel<Ctx>* k) const { return size_t(k - table.data()); }
+};
+
+// The transposed [K, N] copies of every GEMM weight (the layout alternative), one allocation.
+struct KnWeights {
+  DeviceBuffer buf;
+  struct Layer {
+    const void* w_qkv;
+    const void* w_o;
+    const void* w_in;
+    const void* w_out;
+  };
+  std::vector<Layer> layers;
 };
 
 struct CudaEngine::Impl {
@@ -104,14 +235,17 @@ struct CudaEngine::Impl {
   std::string device_desc;
   DType act = DType::f16;
   float eps = 1e-5f;
+  // Resolved pins ("" = free).
+  std::string pin_attention, pin_gelu, pin_layout, pin_algo, pin_chains, pin_graph;
 
   cudaStream_t stream = nullptr;          // host path, eager default
-  cudaStream_t capture_stream = nullptr;  // warm-ups and captures
+  cudaStream_t capture_stream = nullptr;  // warm-ups, captures, tuning
   cudaEvent_t done = nullptr;             // recorded after every forward (and warm-up)
   cudaEvent_t caller = nullptr;           // orders a warm-up after the caller's stream
   cublasLtHandle_t lt = nullptr;
 
   std::unique_ptr<DeviceWeights> weights;
+  std::unique_ptr<KnWeights> kn_weights;  // only when the layout decision may pick [K, N]
   std::unique_ptr<DeviceArena> arena;
   Activations buf{};
   std::vector<Step> steps;
@@ -120,6 +254,15 @@ struct CudaEngine::Impl {
   int next_out = 0;
   PinnedBuffer x_stage, y_stage, len_stage;
 
+  tune::DeviceIdentity identity;
+  std::unique_ptr<tune::TuneCache> cache;
+  std::unique_ptr<tune::Chooser> chooser;
+  std::unique_ptr<CandidateTimer> timer;
+  // Tuning only, freed once a plan is tuned: a segment's snapshot + reference, an inner
+  // decision's (kept apart: inner decisions run while a segment's snapshot is held), the guard's
+  // 4-byte result.
+  DeviceBuffer seg_scratch, inner_scratch, guard_result;
+
   Impl(const Model& model, const EngineOptions& o, const Routes& r);
   ~Impl() { release(); }
   void release() noexcept;
@@ -127,15 +270,39 @@ struct CudaEngine::Impl {
   Plan& plan(int B);
   std::unique_ptr<Plan> build_plan(int B);
   void build_table(Plan& p);
+  void make_kn_weights(const Model& model);
+  void choose_plan(Plan& p, const Ctx& c);
+  int choose_segment(Plan& p, const tune::Segment<Ctx>& seg, const Ctx& c);
+  void decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ctx& c);
+  void decide_graph(Plan& p, cudaGraphExec_t g, const Ctx& c);
+  void run_inner(Plan& p, const PlannedKernel<Ctx>& k, Ctx& c);
+  void run_gemm(Plan& p, GemmNode& g, int layer, const void* in, const float* residual, void* out,
+                cudaStream_t s) const;
   void record(Plan& p, Ctx c) { run_plan(p.kernels, steps, c); }
   cudaGraphExec_t graph_for(Plan& p, const GraphKey& key, cudaStream_t caller_stream);
+  void warm_up(Plan& p, const Ctx& c, cudaStream_t caller_stream);
   void run(int B, const float* x, const int32_t* lengths, float* y, cudaStream_t s);
   void check_batch(int B, const char* what) const;
+  void synthetic_host_input(int B);
   float* next_output() {
     float* y = buf.y[next_out];
     next_out ^= 1;
     return y;
   }
+
+  // Tuning helpers.
+  tune::ChooserOptions chooser_options(const std::string& pin = "") const;
+  tune::TuneKey key(const Plan& p, const std::string& op, const std::vector<std::string>& sources) const;
+  struct BufView {
+    void* ptr;
+    DType type;
+    int cols;
+  };
+  BufView view(const Plan& p, unsigned bit, const Ctx& c) const;
+  size_t buf_bytes(const Plan& p, unsigned set) const;
+  void copy_set(const Plan& p, unsigned set, const Ctx& c, char* region, bool to_scratch) const;
+  double diff_set(const Plan& p, unsigned set, const Ctx& c, const char* ref);
+  char* scratch(DeviceBuffer& b, size_t bytes, cudaStream_t s);
 };
 
 CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes& r)
@@ -162,6 +329,12 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
   device_desc = d.str();
   act = precision == Precision::fast ? DType::f16 : DType::f32;
   eps = float(cfg.eps);
+  pin_attention = pin_of(routes, "attention", routes.prefer_cudnn ? "cudnn" : "");
+  pin_gelu = pin_of(routes, "gelu", routes.gelu_epilogue ? "epilogue" : "");
+  pin_layout = pin_of(routes, "gemm_layout", "");
+  pin_algo = pin_of(routes, "gemm_algo", "");
+  pin_chains = pin_of(routes, "chains", "");
+  pin_graph = pin_of(routes, "graph", routes.graphs ? "" : "0");
   try {
     HK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     HK_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream, cudaStreamNonBlocking));
@@ -169,14 +342,45 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
     HK_CUDA_CHECK(cudaEventCreateWithFlags(&caller, cudaEventDisableTiming));
     HK_CUBLAS_CHECK(cublasLtCreate(&lt));
     weights = std::make_unique<DeviceWeights>(model, precision);
+    // The [K, N] copies cost one more set of GEMM weights: only when the layout may be chosen.
+    if (pin_layout == "kn" || (routes.tune && pin_layout.empty())) make_kn_weights(model);
     arena = std::make_unique<DeviceArena>(activation_layout(cfg, max_batch, S, precision, kLtWorkspaceBytes),
                                           max_batch, S, routes.poison);
     buf = arena->buffers();
     steps = forward_steps(cfg.n_layers);
+    identity = device_identity(device);
+    cache = std::make_unique<tune::TuneCache>(routes.tune ? routes.tune_cache_dir : std::string());
+    chooser = std::make_unique<tune::Chooser>(cache.get(), routes.tune_verbose);
+    timer = std::make_unique<CandidateTimer>(capture_stream);
   } catch (...) {
     release();
     throw;
   }
+}
+
+void CudaEngine::Impl::make_kn_weights(const Model& model) {
+  const WeightImage img = build_weight_image(model, precision);
+  const size_t elem = img.gemm_type == DType::f16 ? 2 : 4;
+  const int64_t D = cfg.d_model, F = cfg.ffn_dim;
+  std::vector<unsigned char> out;
+  auto put_transposed = [&](size_t src, int64_t n, int64_t k) {  // [n, k] -> [k, n]
+    const size_t at = (out.size() + kTensorAlign - 1) / kTensorAlign * kTensorAlign;
+    out.resize(at + size_t(n * k) * elem, 0);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < k; ++j)
+        std::memcpy(&out[at + size_t(j * n + i) * elem], &img.bytes[src + size_t(i * k + j) * elem], elem);
+    return at;
+  };
+  std::vector<std::array<size_t, 4>> offs;
+  for (const WeightImage::Layer& l : img.layers)
+    offs.push_back({put_transposed(l.w_qkv, 3 * D, D), put_transposed(l.w_o, D, D), put_transposed(l.w_in, F, D),
+                    put_transposed(l.w_out, D, F)});
+  auto kn = std::make_unique<KnWeights>();
+  kn->buf = DeviceBuffer(out.size());
+  HK_CUDA_CHECK(cudaMemcpy(kn->buf.get(), out.data(), out.size(), cudaMemcpyHostToDevice));
+  const auto* base = static_cast<const unsigned char*>(kn->buf.get());
+  for (const auto& o : offs) kn->layers.push_back({base + o[0], base + o[1], base + o[2], base + o[3]});
+  kn_weights = std::move(kn);
 }
 
 void CudaEngine::Impl::release() noexcept {
@@ -186,6 +390,7 @@ void CudaEngine::Impl::release() noexcept {
   if (capture_stream) cudaStreamSynchronize(capture_stream);
   graphs.clear();
   plans.clear();  // LtGemm descriptors and cuDNN plans, before their handles
+  timer.reset();
   if (lt) cublasLtDestroy(lt);
   lt = nullptr;
   if (done) cudaEventDestroy(done);
@@ -214,39 +419,70 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B) {
   p->B = B;
   p->T = int64_t(B) * S;
   p->shape = Shape{B, S, cfg, precision};
+  {
+    std::ostringstream s;
+    s << "B=" << B << " S=" << S << " D=" << D << " H=" << cfg.n_heads << " F=" << F << " L=" << L
+      << (cfg.causal ? " causal" : " bidirectional") << " " << to_string(precision);
+    p->shape_text = s.str();
+  }
   const DType g = act;
+  const bool kn = kn_weights != nullptr && pin_layout != "nk";
+  const bool nk = pin_layout != "kn";
 
-  auto gemm = [&](const char* step, GemmShape s, const void* bias, bool required) {
-    auto m = std::make_unique<LtGemm>(lt, s, bias);
-    if (!m->available() && required)
-      throw Error(std::string("cuda backend: cuBLASLt offers no algorithm for ") + step + " (rows " +
-                  std::to_string(s.rows) + ", n " + std::to_string(s.n) + ", k " + std::to_string(s.k) + ", " +
-                  to_string(s.epilogue) + ")");
-    return m;
-  };
-  const DeviceLayerWeights& w0 = weights->layer(0);
-  p->qkv = gemm("qkv_proj", {p->T, 3 * D, D, g, g, GemmEpilogue::bias}, w0.b_qkv, true);
-  p->out = gemm("out_proj", {p->T, D, D, g, DType::f32, GemmEpilogue::bias_residual}, w0.b_o, true);
-  p->ffn_in = gemm("ffn_in", {p->T, F, D, g, g, GemmEpilogue::bias}, w0.b_in, true);
-  p->ffn_out = gemm("ffn_out", {p->T, D, F, g, DType::f32, GemmEpilogue::bias_residual}, w0.b_out, true);
-  if (routes.gelu_epilogue) {
-    if (precision != Precision::fast) {
-      p->gelu_note = "the tanh epilogue is not exact enough for fp32";
-    } else {
-      p->ffn_in_tanh = gemm("ffn_in", {p->T, F, D, g, g, GemmEpilogue::bias_gelu_tanh}, w0.b_in, false);
-      if (!p->ffn_in_tanh->available()) {
-        p->ffn_in_tanh.reset();
-        p->gelu_note = "cuBLASLt offers no GELU-epilogue algorithm for this shape";
+  auto gemm = [&](GemmNode& node, const char* step, GemmWhich which, GemmShape s, const void* bias, bool required) {
+    node.step = step;
+    node.which = which;
+    auto make = [&](bool kn_layout) {
+      GemmShape t = s;
+      t.weight_kn = kn_layout;
+      return std::make_unique<LtGemm>(lt, t, bias);
+    };
+    if (nk) node.nk = make(false);
+    if (kn) node.kn = make(true);
+    if (node.kn && !node.kn->available()) node.kn.reset();
+    if (node.nk && !node.nk->available()) node.nk.reset();
+    if (!node.nk && node.kn) node.use_kn = true;  // pinned [K, N]
+    if (!node.nk && !node.kn) {
+      if (nk && !kn && !required) return false;
+      // A pinned [K, N] the heuristic lacks falls back to [N, K].
+      if (!nk) node.nk = make(false);
+      if (!node.nk || !node.nk->available()) {
+        if (!required) return false;
+        throw Error(std::string("cuda backend: cuBLASLt offers no algorithm for ") + step + " (rows " +
+                    std::to_string(s.rows) + ", n " + std::to_string(s.n) + ", k " + std::to_string(s.k) + ", " +
+                    to_string(s.epilogue) + ")");
       }
     }
+    return true;
+  };
+  const DeviceLayerWeights& w0 = weights->layer(0);
+  gemm(p->qkv, "qkv_proj", GemmWhich::qkv, {p->T, 3 * D, D, g, g, GemmEpilogue::bias}, w0.b_qkv, true);
+  gemm(p->out, "out_proj", GemmWhich::out, {p->T, D, D, g, DType::f32, GemmEpilogue::bias_residual}, w0.b_o, true);
+  gemm(p->ffn_in, "ffn_in", GemmWhich::in, {p->T, F, D, g, g, GemmEpilogue::bias}, w0.b_in, true);
+  gemm(p->ffn_out, "ffn_out", GemmWhich::outf, {p->T, D, F, g, DType::f32, GemmEpilogue::bias_residual}, w0.b_out,
+       true);
+  const bool want_tanh = pin_gelu == "epilogue" || (routes.tune && pin_gelu.empty());
+  if (want_tanh) {
+    if (precision != Precision::fast) {
+      p->gelu_note = "the tanh epilogue is not exact enough for fp32";
+    } else if (!gemm(p->ffn_in_tanh, "ffn_in", GemmWhich::in, {p->T, F, D, g, g, GemmEpilogue::bias_gelu_tanh},
+                     w0.b_in, false)) {
+      p->gelu_note = "cuBLASLt offers no GELU-epilogue algorithm for this shape";
+    } else {
+      p->have_tanh = true;
+    }
   }
-  for (int l = 0; l < L; ++l) {
-    const DeviceLayerWeights& w = weights->layer(l);
-    p->qkv_bind.push_back(p->qkv->bind_bias(w.b_qkv));
-    p->out_bind.push_back(p->out->bind_bias(w.b_o));
-    p->ffn_in_bind.push_back(p->ffn_in->bind_bias(w.b_in));
-    p->ffn_out_bind.push_back(p->ffn_out->bind_bias(w.b_out));
-    if (p->ffn_in_tanh) p->ffn_in_tanh_bind.push_back(p->ffn_in_tanh->bind_bias(w.b_in));
+  for (GemmNode* n : {&p->qkv, &p->out, &p->ffn_in, &p->ffn_out, &p->ffn_in_tanh}) {
+    if (n == &p->ffn_in_tanh && !p->have_tanh) continue;
+    for (int l = 0; l < L; ++l) {
+      const DeviceLayerWeights& w = weights->layer(l);
+      const void* bias = n->which == GemmWhich::qkv   ? static_cast<const void*>(w.b_qkv)
+                         : n->which == GemmWhich::out ? static_cast<const void*>(w.b_o)
+                         : n->which == GemmWhich::in  ? static_cast<const void*>(w.b_in)
+                                                      : static_cast<const void*>(w.b_out);
+      if (n->nk) n->nk_bind.push_back(n->nk->bind_bias(bias));
+      if (n->kn) n->kn_bind.push_back(n->kn->bind_bias(bias));
+    }
   }
 
   AttentionParams& a = p->attn;
@@ -263,7 +499,8 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B) {
   a.scale = float(1.0 / std::sqrt(double(a.head_dim)));
   a.causal = cfg.causal;
   a.dtype = act;
-  if (routes.prefer_cudnn) {
+  const bool want_cudnn = pin_attention == "cudnn" || (routes.tune && pin_attention.empty());
+  if (want_cudnn) {
     std::string why;
     if (!CudnnRoute::runtime_ok(&why)) {
       p->attention_note = why;
@@ -280,17 +517,43 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B) {
   }
 
   build_table(*p);
-  try {
-    p->kernels = hk::make_plan(steps, p->table, p->shape);
-  } catch (const Error& e) {
-    std::string detail;
-    if (!flash_route_supports(a))
-      detail = flash_route_compiled() ? " (the flash route does not support head_dim " + std::to_string(a.head_dim) +
-                                            " in " + (act == DType::f16 ? "f16" : "f32") + ")"
-                                      : " (the flash route is not part of this build)";
-    throw Error(std::string("cuda backend: cannot plan B = ") + std::to_string(B) + ": " + e.what() + detail);
+  if (!routes.tune) {
+    // Untuned: nothing is measured, so the plan needs no data: the defaults (and pins) now.
+    Ctx none{capture_stream, nullptr, nullptr, nullptr};
+    try {
+      choose_plan(*p, none);
+    } catch (const Error& e) {
+      std::string detail;
+      if (!flash_route_supports(a))
+        detail = flash_route_compiled() ? " (the flash route does not support head_dim " +
+                                              std::to_string(a.head_dim) + " in " +
+                                              (act == DType::f16 ? "f16" : "f32") + ")"
+                                        : " (the flash route is not part of this build)";
+      throw Error(std::string("cuda backend: cannot plan B = ") + std::to_string(B) + ": " + e.what() + detail);
+    }
+  } else {
+    // A tuning engine chooses during the first forward; fail now if no route covers a step.
+    try {
+      (void)hk::make_plan(steps, p->table, p->shape);
+    } catch (const Error& e) {
+      throw Error(std::string("cuda backend: cannot plan B = ") + std::to_string(B) + ": " + e.what() +
+                  (flash_route_supports(a) ? "" : " (no attention route supports this shape)"));
+    }
   }
   return p;
+}
+
+void CudaEngine::Impl::run_gemm(Plan&, GemmNode& g, int layer, const void* in, const float* residual, void* out,
+                                cudaStream_t s) const {
+  const void* W = nullptr;
+  if (g.use_kn) {
+    const KnWeights::Layer& k = kn_weights->layers[size_t(layer)];
+    W = g.which == GemmWhich::qkv ? k.w_qkv : g.which == GemmWhich::out ? k.w_o : g.which == GemmWhich::in ? k.w_in : k.w_out;
+  } else {
+    const DeviceLayerWeights& w = weights->layer(layer);
+    W = g.which == GemmWhich::qkv ? w.w_qkv : g.which == GemmWhich::out ? w.w_o : g.which == GemmWhich::in ? w.w_in : w.w_out;
+  }
+  g.active().run(g.binding(layer), W, in, residual, out, buf.workspace, s);
 }
 
 void CudaEngine::Impl::build_table(Plan& p) {
@@ -300,86 +563,548 @@ void CudaEngine::Impl::build_table(Plan& p) {
   const std::string ln = std::string("hk::layer_norm[") + row_norm_variant(D) + "]";
   const std::string final_ln = std::string("hk::layer_norm[") + row_norm_variant(D) + ".final]";
   auto& t = p.table;
+  auto& m = p.meta;
+  const std::vector<std::string> ln_src = {"backends/cuda/rownorm"};
+  const std::vector<std::string> gemm_src = {"backends/cuda/gemm_cublaslt"};
+  auto add = [&](Kernel<Ctx> k, std::string id, std::vector<std::string> sources,
+                 std::function<void(Ctx&, const Step*, int)> inner = nullptr) {
+    t.push_back(std::move(k));
+    m.push_back({std::move(id), std::move(sources), std::move(inner)});
+  };
+  auto gemm_inner = [E, P](GemmNode* g) {
+    return [E, P, g](Ctx& c, const Step* s, int) { E->decide_gemm(*P, *g, *s, c); };
+  };
 
-  t.push_back(single_step_kernel<Ctx>(ln, StepKind::ln1, [E, P, D](Ctx& c, const Step& s) {
-    const DeviceLayerWeights& w = E->weights->layer(s.layer);
-    // Layer 0 normalises the caller's input directly: no copy into the residual stream.
-    layer_norm(s.layer == 0 ? c.x : E->buf.x, E->buf.h, E->act, w.ln1_w, w.ln1_b, P->T, D, E->eps, c.stream);
-  }));
-  t.push_back(single_step_kernel<Ctx>("hk::gemm[cuda.cublaslt.bias]", StepKind::qkv_proj, [E, P](Ctx& c, const Step& s) {
-    P->qkv->run(P->qkv_bind[size_t(s.layer)], E->weights->layer(s.layer).w_qkv, E->buf.h, nullptr, E->buf.qkv,
-                E->buf.workspace, c.stream);
-  }));
-  if (p.cudnn) {
-    t.push_back(single_step_kernel<Ctx>(p.cudnn->name(), StepKind::attention, [P](Ctx& c, const Step&) {
-      AttentionParams a = P->attn;
-      a.lengths = c.lengths;
-      P->cudnn->run(a, P->cudnn_workspace.get(), c.stream);
-    }));
-  }
+  // Single-step kernels first: for each step the table's first covering kernel is the untuned
+  // default; alternatives and chains follow and are only ever chosen by measurement or a pin.
+  add(single_step_kernel<Ctx>(ln, StepKind::ln1, [E, P, D](Ctx& c, const Step& s) {
+        const DeviceLayerWeights& w = E->weights->layer(s.layer);
+        // Layer 0 normalises the caller's input directly: no copy into the residual stream.
+        layer_norm(s.layer == 0 ? c.x : E->buf.x, E->buf.h, E->act, w.ln1_w, w.ln1_b, P->T, D, E->eps, c.stream);
+      }),
+      "ln", ln_src);
+  add(single_step_kernel<Ctx>("hk::gemm[cuda.cublaslt.bias]", StepKind::qkv_proj,
+                              [E, P](Ctx& c, const Step& s) {
+                                E->run_gemm(*P, P->qkv, s.layer, E->buf.h, nullptr, E->buf.qkv, c.stream);
+                              }),
+      "gemm", gemm_src, gemm_inner(&p.qkv));
+
+  // Attention: a pinned route alone (flash when the pinned one lacks the shape); otherwise the
+  // flash kernel with its occupancy-chosen tile first, then its other tile and cuDNN.
   const bool flash_ok = flash_route_supports(p.attn);
-  t.push_back(single_step_kernel<Ctx>(
-      flash_ok ? flash_route_name(p.attn) : std::string("hk::attention[cuda.flash]"), StepKind::attention,
-      [P](Ctx& c, const Step&) {
-        AttentionParams a = P->attn;
-        a.lengths = c.lengths;
-        flash_route_run(a, c.stream);
-      },
-      [flash_ok](const Shape&) { return flash_ok; }));
-  t.push_back(single_step_kernel<Ctx>("hk::gemm[cuda.cublaslt.bias_residual]", StepKind::out_proj,
-                                      [E, P](Ctx& c, const Step& s) {
-                                        // Layer 0: x = input + o Wo^T + bo lands in the residual
-                                        // buffer, so the caller's input is never modified.
-                                        const float* residual = s.layer == 0 ? c.x : E->buf.x;
-                                        P->out->run(P->out_bind[size_t(s.layer)], E->weights->layer(s.layer).w_o,
-                                                    E->buf.o, residual, E->buf.x, E->buf.workspace, c.stream);
-                                      }));
-  t.push_back(single_step_kernel<Ctx>(ln, StepKind::ln2, [E, P, D](Ctx& c, const Step& s) {
-    const DeviceLayerWeights& w = E->weights->layer(s.layer);
-    layer_norm(E->buf.x, E->buf.h, E->act, w.ln2_w, w.ln2_b, P->T, D, E->eps, c.stream);
-  }));
-  if (p.ffn_in_tanh) {
-    t.push_back(single_step_kernel<Ctx>("hk::gemm[cuda.cublaslt.bias_gelu_tanh]", StepKind::ffn_in,
-                                        [E, P](Ctx& c, const Step& s) {
-                                          P->ffn_in_tanh->run(P->ffn_in_tanh_bind[size_t(s.layer)],
-                                                              E->weights->layer(s.layer).w_in, E->buf.h, nullptr,
-                                                              E->buf.f, E->buf.workspace, c.stream);
-                                        }));
+  auto flash = [&](FlashTile tile, const std::string& id) {
+    add(single_step_kernel<Ctx>(
+            flash_ok ? flash_route_name(p.attn, tile) : std::string("hk::attention[cuda.flash]"), StepKind::attention,
+            [P, tile](Ctx& c, const Step&) {
+              AttentionParams a = P->attn;
+              a.lengths = c.lengths;
+              flash_route_run(a, c.stream, tile);
+            },
+            [flash_ok](const Shape&) { return flash_ok; }),
+        id, {"backends/cuda/attention_flash", "backends/cuda/attention_route"});
+  };
+  auto cudnn = [&] {
+    add(single_step_kernel<Ctx>(p.cudnn->name(), StepKind::attention,
+                                [P](Ctx& c, const Step&) {
+                                  AttentionParams a = P->attn;
+                                  a.lengths = c.lengths;
+                                  P->cudnn->run(a, P->cudnn_workspace.get(), c.stream);
+                                }),
+        "cudnn", {"backends/cuda/attention_cudnn", "backends/cuda/attention_route"});
+  };
+  const bool f16_tiles = flash_ok && act == DType::f16;
+  const bool auto_is_q64 = f16_tiles && flash_route_name(p.attn) == flash_route_name(p.attn, FlashTile::q64);
+  if (pin_attention == "cudnn" && p.cudnn) {
+    cudnn();
+  } else if ((pin_attention == "flash.q64" || pin_attention == "flash.q16") && f16_tiles) {
+    flash(pin_attention == "flash.q64" ? FlashTile::q64 : FlashTile::q16, pin_attention);
+  } else {
+    flash(FlashTile::automatic, "flash");
+    if (pin_attention.empty() && routes.tune) {
+      if (f16_tiles) flash(auto_is_q64 ? FlashTile::q16 : FlashTile::q64, auto_is_q64 ? "flash.q16" : "flash.q64");
+      if (p.cudnn) cudnn();
+    }
   }
-  t.push_back(single_step_kernel<Ctx>("hk::gemm[cuda.cublaslt.bias] + hk::gelu[cuda.erf]", StepKind::ffn_in,
-                                      [E, P](Ctx& c, const Step& s) {
-                                        P->ffn_in->run(P->ffn_in_bind[size_t(s.layer)], E->weights->layer(s.layer).w_in,
-                                                       E->buf.h, nullptr, E->buf.f, E->buf.workspace, c.stream);
-                                        gelu_erf_inplace(E->buf.f, E->act, P->T * E->cfg.ffn_dim, c.stream);
-                                      }));
-  t.push_back(single_step_kernel<Ctx>("hk::gemm[cuda.cublaslt.bias_residual]", StepKind::ffn_out,
-                                      [E, P](Ctx& c, const Step& s) {
-                                        P->ffn_out->run(P->ffn_out_bind[size_t(s.layer)],
-                                                        E->weights->layer(s.layer).w_out, E->buf.f, E->buf.x,
-                                                        E->buf.x, E->buf.workspace, c.stream);
-                                      }));
-  t.push_back(single_step_kernel<Ctx>(final_ln, StepKind::final_ln, [E, P, D](Ctx& c, const Step&) {
-    final_layer_norm(E->buf.x, c.y, E->weights->final_w(), E->weights->final_b(), P->T, D, E->eps, c.lengths, E->S,
-                     c.stream);
-  }));
+  if ((pin_attention == "flash.q64" || pin_attention == "flash.q16") && !f16_tiles)
+    p.attention_note = "query tiles exist for the f16 kernel only";
+
+  add(single_step_kernel<Ctx>("hk::gemm[cuda.cublaslt.bias_residual]", StepKind::out_proj,
+                              [E, P](Ctx& c, const Step& s) {
+                                // Layer 0: x = input + o Wo^T + bo lands in the residual buffer,
+                                // so the caller's input is never modified.
+                                const float* residual = s.layer == 0 ? c.x : E->buf.x;
+                                E->run_gemm(*P, P->out, s.layer, E->buf.o, residual, E->buf.x, c.stream);
+                              }),
+      "gemm", gemm_src, gemm_inner(&p.out));
+  add(single_step_kernel<Ctx>(ln, StepKind::ln2, [E, P, D](Ctx& c, const Step& s) {
+        const DeviceLayerWeights& w = E->weights->layer(s.layer);
+        layer_norm(E->buf.x, E->buf.h, E->act, w.ln2_w, w.ln2_b, P->T, D, E->eps, c.stream);
+      }),
+      "ln", ln_src);
+
+  // bias + GELU: split (GEMM bias epilogue, exact erf pass) is the default; cuBLASLt's tanh
+  // epilogue when pinned, or as a measured alternative that the numeric guard must accept.
+  auto erf_split = [&] {
+    add(single_step_kernel<Ctx>("hk::gemm[cuda.cublaslt.bias] + hk::gelu[cuda.erf]", StepKind::ffn_in,
+                                [E, P](Ctx& c, const Step& s) {
+                                  E->run_gemm(*P, P->ffn_in, s.layer, E->buf.h, nullptr, E->buf.f, c.stream);
+                                  gelu_erf_inplace(E->buf.f, E->act, P->T * E->cfg.ffn_dim, c.stream);
+                                }),
+        "erf", {"backends/cuda/gemm_cublaslt", "backends/cuda/gelu"}, gemm_inner(&p.ffn_in));
+  };
+  auto tanh_epilogue = [&] {
+    add(single_step_kernel<Ctx>("hk::gemm[cuda.cublaslt.bias_gelu_tanh]", StepKind::ffn_in,
+                                [E, P](Ctx& c, const Step& s) {
+                                  E->run_gemm(*P, P->ffn_in_tanh, s.layer, E->buf.h, nullptr, E->buf.f, c.stream);
+                                }),
+        "epilogue", gemm_src, gemm_inner(&p.ffn_in_tanh));
+  };
+  if (pin_gelu == "epilogue" && p.have_tanh) {
+    tanh_epilogue();
+  } else {
+    erf_split();
+    if (pin_gelu.empty() && p.have_tanh) tanh_epilogue();
+  }
+  add(single_step_kernel<Ctx>("hk::gemm[cuda.cublaslt.bias_residual]", StepKind::ffn_out,
+                              [E, P](Ctx& c, const Step& s) {
+                                E->run_gemm(*P, P->ffn_out, s.layer, E->buf.f, E->buf.x, E->buf.x, c.stream);
+                              }),
+      "gemm", gemm_src, gemm_inner(&p.ffn_out));
+  add(single_step_kernel<Ctx>(final_ln, StepKind::final_ln, [E, P, D](Ctx& c, const Step&) {
+        final_layer_norm(E->buf.x, c.y, E->weights->final_w(), E->weights->final_b(), P->T, D, E->eps, c.lengths,
+                         E->S, c.stream);
+      }),
+      "ln", ln_src);
+
+  // ---- fused chains: candidates against the single kernels they replace ----------------------
+  const bool chains = precision == Precision::fast && pin_chains != "off" && routes.tune;
+  if (!chains) return;
+#if HK_CUDA_HAVE_POST_ATTN_FUSED
+  // out_proj .. next layer's ln1 (or .. final_ln in the last layer): one kernel per layer.
+  if (post_attn_fused_supports(cfg.d_model, cfg.ffn_dim)) {
+    Kernel<Ctx> k;
+    k.name = post_attn_fused_name(cfg.d_model, cfg.ffn_dim);
+    k.covers = [](const std::vector<Step>& st, size_t at, const Shape&) {
+      const int n = match_chain(st, at, {StepKind::out_proj, StepKind::ln2, StepKind::ffn_in, StepKind::ffn_out,
+                                         StepKind::ln1});
+      return n ? n
+               : match_chain(st, at, {StepKind::out_proj, StepKind::ln2, StepKind::ffn_in, StepKind::ffn_out,
+                                      StepKind::final_ln});
+    };
+    k.run = [E, P](Ctx& c, const Step* first, int count) {
+      const int l = first->layer;
+      const bool tail = first[count - 1].kind == StepKind::final_ln;
+      const DeviceLayerWeights& w = E->weights->layer(l);
+      PostAttnParams q;
+      q.o = static_cast<const __half*>(E->buf.o);
+      q.x_in = l == 0 ? c.x : E->buf.x;
+      q.x_out = E->buf.x;
+      q.w_o = static_cast<const __half*>(w.w_o);
+      q.b_o = w.b_o;
+      q.ln2_w = w.ln2_w;
+      q.ln2_b = w.ln2_b;
+      q.w_in = static_cast<const __half*>(w.w_in);
+      q.b_in = static_cast<const __half*>(w.b_in);
+      q.w_out = static_cast<const __half*>(w.w_out);
+      q.b_out = w.b_out;
+      if (tail) {
+        q.ln_next_w = E->weights->final_w();
+        q.ln_next_b = E->weights->final_b();
+        q.y = c.y;
+      } else {
+        q.ln_next_w = E->weights->layer(l + 1).ln1_w;
+        q.ln_next_b = E->weights->layer(l + 1).ln1_b;
+        q.h_out = static_cast<__half*>(E->buf.h);
+      }
+      q.lengths = c.lengths;
+      q.S = E->S;
+      q.tail = tail;
+      q.rows = P->T;
+      q.D = E->cfg.d_model;
+      q.F = E->cfg.ffn_dim;
+      q.eps = E->eps;
+      post_attn_fused(q, c.stream);
+    };
+    add(std::move(k), "post_attn", {"backends/cuda/post_attn_fused"});
+  } else {
+    p.chain_notes.push_back("post_attn: D " + std::to_string(cfg.d_model) + ", F " + std::to_string(cfg.ffn_dim) +
+                            " not supported");
+  }
+#else
+  p.chain_notes.push_back("post_attn: not part of this build");
+#endif
+#if HK_CUDA_HAVE_QKV_ATTENTION_FUSED
+  // qkv_proj + attention for short sequences; its program map is its own measured decision.
+  if (pin_attention.empty()) {
+    QkvAttentionParams& q = p.qkv_attention;
+    q.h = static_cast<const __half*>(buf.h);
+    q.w_qkv = static_cast<const __half*>(weights->layer(0).w_qkv);
+    q.b_qkv = static_cast<const __half*>(weights->layer(0).b_qkv);
+    q.o = static_cast<__half*>(buf.o);
+    q.lengths = buf.lengths_full;
+    q.B = p.B;
+    q.S = S;
+    q.D = cfg.d_model;
+    q.H = cfg.n_heads;
+    q.head_dim = cfg.head_dim();
+    q.scale = p.attn.scale;
+    q.causal = cfg.causal;
+    p.qkv_attention_maps = qkv_attention_fused_candidates(q);
+    if (!p.qkv_attention_maps.empty()) {
+      Kernel<Ctx> k;
+      k.name = qkv_attention_fused_name(q, p.qkv_attention_maps[0]);
+      k.covers = [](const std::vector<Step>& st, size_t at, const Shape&) {
+        return match_chain(st, at, {StepKind::qkv_proj, StepKind::attention});
+      };
+      k.run = [E, P](Ctx& c, const Step* first, int) {
+        QkvAttentionParams q = P->qkv_attention;
+        q.w_qkv = static_cast<const __half*>(E->weights->layer(first->layer).w_qkv);
+        q.b_qkv = static_cast<const __half*>(E->weights->layer(first->layer).b_qkv);
+        q.lengths = c.lengths;
+        qkv_attention_fused(q, P->qkv_attention_maps[P->qkv_attention_map], c.stream);
+      };
+      const size_t self_index = t.size();
+      auto inner = [E, P, self_index](Ctx& c, const Step* first, int count) {
+        if (P->qkv_attention_decided) return;
+        P->qkv_attention_decided = true;
+        std::vector<tune::Candidate> cands;
+        for (const QkvAttentionMap& mp : P->qkv_attention_maps)
+          cands.push_back({"q" + std::to_string(mp.q_split) + "h" + std::to_string(mp.heads_per_cta) + "b" +
+                               std::to_string(mp.seqs_per_cta),
+                           qkv_attention_fused_name(P->qkv_attention, mp)});
+        const tune::TuneKey key = E->key(*P, "qkv_attention.map", {"backends/cuda/qkv_attention_fused"});
+        const Kernel<Ctx>* self = &P->table[self_index];
+        const unsigned live = kO;  // reads h (not written), writes o only: nothing to restore
+        const tune::ChooserOptions opt = E->chooser_options();
+        char* ref = E->chooser->answered(key, cands, opt)
+                        ? nullptr
+                        : E->scratch(E->inner_scratch, E->buf_bytes(*P, live), c.stream);
+        tune::Probe probe;
+        probe.run = [&](int i) {
+          P->qkv_attention_map = size_t(i);
+          self->run(c, first, count);
+        };
+        probe.keep_reference = [&] { E->copy_set(*P, live, c, ref, true); };
+        probe.difference = [&] { return E->diff_set(*P, live, c, ref); };
+        probe.time = [&](int i) {
+          P->qkv_attention_map = size_t(i);
+          return E->timer->time([&](cudaStream_t s) {
+            Ctx cc = c;
+            cc.stream = s;
+            self->run(cc, first, count);
+          }, E->pin_graph != "0");
+        };
+        const tune::Decision d = E->chooser->decide(key, cands, probe, opt);
+        P->qkv_attention_map = size_t(d.chosen);
+        P->decisions.push_back(d);
+      };
+      add(std::move(k), "qkv_attention", {"backends/cuda/qkv_attention_fused"}, inner);
+    } else {
+      p.chain_notes.push_back("qkv_attention: no supported program map for this shape");
+    }
+  }
+#else
+  p.chain_notes.push_back("qkv_attention: not part of this build");
+#endif
+}
+
+// ---- measured dispatch ------------------------------------------------------------------------
+
+tune::ChooserOptions CudaEngine::Impl::chooser_options(const std::string& pin) const {
+  tune::ChooserOptions o;
+  o.tune = routes.tune;
+  o.pin = pin;
+  o.remeasure = routes.tune_remeasure;
+  return o;
+}
+
+tune::TuneKey CudaEngine::Impl::key(const Plan& p, const std::string& op, const std::vector<std::string>& sources) const {
+  std::vector<std::string> all = kEngineSources;
+  all.insert(all.end(), sources.begin(), sources.end());
+  return {op, p.shape_text, act == DType::f16 ? "f16" : "f32", identity, tune::fingerprint(all)};
+}
+
+CudaEngine::Impl::BufView CudaEngine::Impl::view(const Plan&, unsigned bit, const Ctx& c) const {
+  switch (bit) {
+    case kX: return {buf.x, DType::f32, cfg.d_model};
+    case kH: return {buf.h, act, cfg.d_model};
+    case kQKV: return {buf.qkv, act, 3 * cfg.d_model};
+    case kO: return {buf.o, act, cfg.d_model};
+    case kF: return {buf.f, act, cfg.ffn_dim};
+    default: return {c.y, DType::f32, cfg.d_model};
+  }
+}
+
+size_t CudaEngine::Impl::buf_bytes(const Plan& p, unsigned set) const {
+  size_t n = 0;
+  for (unsigned b : kAllBufs) {
+    if (!(set & b)) continue;
+    const BufView v = view(p, b, Ctx{});
+    const size_t bytes = size_t(p.T) * size_t(v.cols) * (v.type == DType::f16 ? 2 : 4);
+    n += (bytes + 255) / 256 * 256;
+  }
+  return n;
+}
+
+void CudaEngine::Impl::copy_set(const Plan& p, unsigned set, const Ctx& c, char* region, bool to_scratch) const {
+  size_t off = 0;
+  for (unsigned b : kAllBufs) {
+    if (!(set & b)) continue;
+    const BufView v = view(p, b, c);
+    const size_t bytes = size_t(p.T) * size_t(v.cols) * (v.type == DType::f16 ? 2 : 4);
+    if (to_scratch) {
+      HK_CUDA_CHECK(cudaMemcpyAsync(region + off, v.ptr, bytes, cudaMemcpyDeviceToDevice, c.stream));
+    } else {
+      HK_CUDA_CHECK(cudaMemcpyAsync(v.ptr, region + off, bytes, cudaMemcpyDeviceToDevice, c.stream));
+    }
+    off += (bytes + 255) / 256 * 256;
+  }
+}
+
+double CudaEngine::Impl::diff_set(const Plan& p, unsigned set, const Ctx& c, const char* ref) {
+  if (!guard_result.get()) guard_result = DeviceBuffer(sizeof(float));
+  float* result = static_cast<float*>(guard_result.get());
+  double m = 0;
+  size_t off = 0;
+  for (unsigned b : kAllBufs) {
+    if (!(set & b)) continue;
+    const BufView v = view(p, b, c);
+    const size_t bytes = size_t(p.T) * size_t(v.cols) * (v.type == DType::f16 ? 2 : 4);
+    // Rows the model zeroes (padding) are skipped: routes may legitimately differ there.
+    m = std::max(m, max_abs_diff(v.ptr, ref + off, v.type, p.T, v.cols, v.cols, c.lengths, S, result, c.stream));
+    off += (bytes + 255) / 256 * 256;
+  }
+  return m;
+}
+
+// At least `bytes` of `b`, regrown (after the stream's pending copies) when too small.
+char* CudaEngine::Impl::scratch(DeviceBuffer& b, size_t bytes, cudaStream_t s) {
+  if (b.bytes() < bytes) {
+    HK_CUDA_CHECK(cudaStreamSynchronize(s));
+    b = DeviceBuffer(bytes);
+  }
+  return static_cast<char*>(b.get());
+}
+
+void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ctx& c) {
+  if (g.decided) return;
+  g.decided = true;
+  std::vector<tune::Candidate> cands;
+  std::vector<std::pair<bool, int>> what;  // (kn, algorithm)
+  for (bool kn : {false, true}) {
+    LtGemm* m = kn ? g.kn.get() : g.nk.get();
+    if (!m) continue;
+    const int n = int(m->candidates().size());
+    for (int i = 0; i < n; ++i) {
+      if (!pin_algo.empty() && std::to_string(i) != pin_algo && !(i == 0 && std::stoi(pin_algo) >= n)) continue;
+      cands.push_back({std::string(kn ? "kn." : "nk.") + std::to_string(i),
+                       std::string(kn ? "[K,N] " : "[N,K] ") + m->describe(i)});
+      what.emplace_back(kn, i);
+    }
+  }
+  auto apply = [&](size_t i) {
+    g.use_kn = what[i].first;
+    g.active().select(what[i].second);
+  };
+  const GemmShape& gs = g.nk ? g.nk->shape() : g.kn->shape();
+  const tune::TuneKey k = key(p, std::string("gemm.") + g.step + "." + to_string(gs.epilogue), {"backends/cuda/gemm_cublaslt"});
+  const tune::ChooserOptions opt = chooser_options();
+  // out_proj of layer 0 adds the caller's x; every other residual GEMM updates x in place, so
+  // each candidate must start from the same x.
+  const float* residual = g.which == GemmWhich::out ? (s.layer == 0 ? c.x : buf.x)
+                          : g.which == GemmWhich::outf ? buf.x
+                                                       : nullptr;
+  const unsigned out_bit = g.which == GemmWhich::qkv ? kQKV : g.which == GemmWhich::in ? kF : kX;
+  const unsigned restore = residual == buf.x ? unsigned(kX) : 0u;
+  char* snap = nullptr;
+  char* ref = nullptr;
+  if (!chooser->answered(k, cands, opt)) {
+    const size_t snap_bytes = buf_bytes(p, restore), ref_bytes = buf_bytes(p, out_bit);
+    snap = scratch(inner_scratch, snap_bytes + ref_bytes, c.stream);
+    ref = snap + snap_bytes;
+    if (restore) copy_set(p, restore, c, snap, true);
+  }
+  // One launch of this node for step s (whatever layer s is: its buffers and weights).
+  const void* in = g.which == GemmWhich::out ? buf.o : g.which == GemmWhich::outf ? buf.f : buf.h;
+  void* out = g.which == GemmWhich::qkv ? buf.qkv : g.which == GemmWhich::in ? buf.f : static_cast<void*>(buf.x);
+  auto launch = [&](cudaStream_t st) { run_gemm(p, g, s.layer, in, residual, out, st); };
+  tune::Probe probe;
+  probe.run = [&](int i) {
+    if (restore) copy_set(p, restore, c, snap, false);
+    apply(size_t(i));
+    launch(c.stream);
+  };
+  probe.keep_reference = [&] { copy_set(p, out_bit, c, ref, true); };
+  probe.difference = [&] { return diff_set(p, out_bit, c, ref); };
+  probe.time = [&](int i) {
+    apply(size_t(i));
+    return timer->time(launch, pin_graph != "0");
+  };
+  const tune::Decision d = chooser->decide(k, cands, probe, opt);
+  apply(size_t(d.chosen));
+  if (restore && snap) copy_set(p, restore, c, snap, false);
+  p.decisions.push_back(d);
+}
+
+void CudaEngine::Impl::run_inner(Plan& p, const PlannedKernel<Ctx>& k, Ctx& c) {
+  const KernelMeta& m = p.meta[p.index_of(k.kernel)];
+  if (m.inner) m.inner(c, &steps[k.first], k.count);
+}
+
+int CudaEngine::Impl::choose_segment(Plan& p, const tune::Segment<Ctx>& seg, const Ctx& c0) {
+  Ctx c = c0;
+  std::vector<tune::Candidate> cands;
+  std::vector<std::string> sources;
+  for (const auto& o : seg.options) {
+    std::string id;
+    for (const auto& k : o.kernels) {
+      const KernelMeta& m = p.meta[p.index_of(k.kernel)];
+      id += (id.empty() ? "" : "+") + m.id;
+      sources.insert(sources.end(), m.sources.begin(), m.sources.end());
+    }
+    cands.push_back({id, o.name});
+  }
+  const std::string label = tune::segment_label(steps, seg.first, seg.count);
+  const tune::TuneKey k = key(p, "plan." + label, sources);
+  const tune::ChooserOptions opt = chooser_options();
+  if (chooser->answered(k, cands, opt)) {
+    const tune::Decision d = chooser->decide(k, cands, tune::Probe{}, opt);
+    if (d.source != tune::Source::memo && d.source != tune::Source::single) p.decisions.push_back(d);
+    return d.chosen;
+  }
+  // Measurement: every option starts from the segment's incoming state; the guard compares the
+  // buffers later steps read.
+  const unsigned restore = restore_set(steps, seg.first, seg.count);
+  const unsigned live = live_outputs(steps, seg.first, seg.count);
+  const size_t snap_bytes = buf_bytes(p, restore), ref_bytes = buf_bytes(p, live);
+  char* snap = scratch(seg_scratch, snap_bytes + ref_bytes, c.stream);
+  char* ref = snap + snap_bytes;
+  copy_set(p, restore, c, snap, true);
+  auto run_option = [&](size_t i, Ctx& cc) {
+    for (const auto& kk : seg.options[i].kernels) kk.kernel->run(cc, &steps[kk.first], kk.count);
+  };
+  // The options' own decisions (GEMM algorithms, chain maps) first, each on the data its
+  // predecessors in the option produce, so that options are compared at their best.
+  for (size_t i = 0; i < seg.options.size(); ++i) {
+    copy_set(p, restore, c, snap, false);
+    for (const auto& kk : seg.options[i].kernels) {
+      run_inner(p, kk, c);
+      kk.kernel->run(c, &steps[kk.first], kk.count);
+    }
+  }
+  tune::Probe probe;
+  probe.run = [&](int i) {
+    copy_set(p, restore, c, snap, false);
+    run_option(size_t(i), c);
+  };
+  probe.keep_reference = [&] { copy_set(p, live, c, ref, true); };
+  probe.difference = [&] { return diff_set(p, live, c, ref); };
+  probe.time = [&](int i) {
+    return timer->time([&](cudaStream_t s) {
+      Ctx cc = c;
+      cc.stream = s;
+      run_option(size_t(i), cc);
+    }, pin_graph != "0");
+  };
+  const tune::Decision d = chooser->decide(k, cands, probe, opt);
+  copy_set(p, restore, c, snap, false);
+  p.decisions.push_back(d);
+  return d.chosen;
+}
+
+void CudaEngine::Impl::choose_plan(Plan& p, const Ctx& c0) {
+  Ctx c = c0;
+  const bool measure = routes.tune;  // untuned: nothing runs here, the choices need no data
+  p.kernels = tune::make_plan_by_choice(
+      steps, p.table, p.shape, [&](const tune::Segment<Ctx>& seg) { return choose_segment(p, seg, c); },
+      [&](const PlannedKernel<Ctx>& k) {
+        run_inner(p, k, c);
+        if (measure) k.kernel->run(c, &steps[k.first], k.count);
+      });
+  p.planned = true;
+}
+
+void CudaEngine::Impl::decide_graph(Plan& p, cudaGraphExec_t g, const Ctx& c) {
+  p.graph_decided = true;
+  const std::vector<tune::Candidate> cands = {{"1", "graph replay"}, {"0", "eager launch"}};
+  tune::ChooserOptions opt = chooser_options(pin_graph);
+  opt.check_numerics = false;  // the same kernels either way
+  opt.rounds = 3;              // best of three
+  opt.margin = 0.005;
+  tune::Probe probe;
+  probe.run = [](int) {};
+  probe.time = [&](int i) {
+    return timer->time([&](cudaStream_t s) {
+      if (i == 0) {
+        HK_CUDA_CHECK(cudaGraphLaunch(g, s));
+      } else {
+        Ctx cc = c;
+        cc.stream = s;
+        record(p, cc);
+      }
+    }, false);
+  };
+  const tune::Decision d = chooser->decide(key(p, "graph", {}), cands, probe, opt);
+  p.decisions.push_back(d);
+  if (d.chosen == 1) {
+    char b[96];
+    std::snprintf(b, sizeof b, "eager launch measured faster (%.4g ms vs %.4g ms replay)", d.results[1].ms,
+                  d.results[0].ms);
+    p.graph_note = b;
+  }
+}
+
+// The first forward of a plan on the capture stream, after the caller's pending work (it reads
+// x, writes y) and the previous forward: a tuning engine chooses its plan here, on these buffers.
+void CudaEngine::Impl::warm_up(Plan& p, const Ctx& c, cudaStream_t caller_stream) {
+  HK_CUDA_CHECK(cudaEventRecord(caller, caller_stream));
+  HK_CUDA_CHECK(cudaStreamWaitEvent(capture_stream, caller, 0));
+  HK_CUDA_CHECK(cudaStreamWaitEvent(capture_stream, done, 0));
+  Ctx w = c;
+  w.stream = capture_stream;
+  if (!p.planned) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const size_t before = p.decisions.size();
+    choose_plan(p, w);
+    HK_CUDA_CHECK(cudaStreamSynchronize(capture_stream));
+    seg_scratch = DeviceBuffer();
+    inner_scratch = DeviceBuffer();
+    p.report.warmup_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    for (size_t i = before; i < p.decisions.size(); ++i) {
+      const tune::Decision& d = p.decisions[i];
+      if (d.source == tune::Source::measured) {
+        ++p.report.measured;
+        p.report.measure_ms += d.tune_ms;
+      } else if (d.source == tune::Source::cached) {
+        ++p.report.cached;
+      } else if (d.source != tune::Source::memo) {
+        ++p.report.fixed;
+      }
+    }
+  } else {
+    record(p, w);
+  }
+  p.warmed = true;
+  HK_CUDA_CHECK(cudaEventRecord(done, capture_stream));
 }
 
 cudaGraphExec_t CudaEngine::Impl::graph_for(Plan& p, const GraphKey& key, cudaStream_t caller_stream) {
   if (cudaGraphExec_t g = graphs.find(key)) return g;
   // The warm-up runs for real (cuBLASLt and cuDNN load their kernels, nothing lazy is left for
-  // the capture): after the caller's pending work (it reads x, writes y) and the last forward.
-  HK_CUDA_CHECK(cudaEventRecord(caller, caller_stream));
-  HK_CUDA_CHECK(cudaStreamWaitEvent(capture_stream, caller, 0));
-  HK_CUDA_CHECK(cudaStreamWaitEvent(capture_stream, done, 0));
+  // the capture).
   const Ctx c{capture_stream, static_cast<const float*>(key.x), static_cast<const int32_t*>(key.lengths),
               static_cast<float*>(const_cast<void*>(key.y))};
   if (!p.warmed) {
-    record(p, c);
-    p.warmed = true;
+    warm_up(p, c, caller_stream);
+  } else {
+    HK_CUDA_CHECK(cudaEventRecord(caller, caller_stream));
+    HK_CUDA_CHECK(cudaStreamWaitEvent(capture_stream, caller, 0));
+    HK_CUDA_CHECK(cudaStreamWaitEvent(capture_stream, done, 0));
+    HK_CUDA_CHECK(cudaEventRecord(done, capture_stream));
   }
-  HK_CUDA_CHECK(cudaEventRecord(done, capture_stream));
+  cudaGraphExec_t g = nullptr;
   try {
-    return graphs.capture(key, capture_stream, done, [&](cudaStream_t s) {
+    g = graphs.capture(key, capture_stream, done, [&](cudaStream_t s) {
       Ctx cc = c;
       cc.stream = s;
       record(p, cc);
@@ -388,6 +1113,21 @@ cudaGraphExec_t CudaEngine::Impl::graph_for(Plan& p, const GraphKey& key, cudaSt
     p.graph_note = std::string("capture failed, running eagerly: ") + e.what();
     return nullptr;
   }
+  if (!p.graph_decided && routes.tune) {
+    const auto t0 = std::chrono::steady_clock::now();
+    decide_graph(p, g, c);
+    HK_CUDA_CHECK(cudaEventRecord(done, capture_stream));
+    const tune::Decision& d = p.decisions.back();
+    p.report.warmup_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (d.source == tune::Source::measured) {
+      ++p.report.measured;
+      p.report.measure_ms += d.tune_ms;
+    } else if (d.source == tune::Source::cached) {
+      ++p.report.cached;
+    }
+    if (!p.graph_note.empty()) return nullptr;
+  }
+  return g;
 }
 
 void CudaEngine::Impl::run(int B, const float* x, const int32_t* lengths, float* y, cudaStream_t s) {
@@ -395,6 +1135,7 @@ void CudaEngine::Impl::run(int B, const float* x, const int32_t* lengths, float*
   Plan& p = plan(B);
   cudaGraphExec_t g = nullptr;
   if (routes.graphs && p.graph_note.empty()) g = graph_for(p, GraphKey{B, x, lengths, y}, s);
+  if (!p.warmed) warm_up(p, Ctx{capture_stream, x, lengths, y}, s);  // eager engines tune here
   HK_CUDA_CHECK(cudaStreamWaitEvent(s, done, 0));
   if (g) {
     HK_CUDA_CHECK(cudaGraphLaunch(g, s));
@@ -402,6 +1143,18 @@ void CudaEngine::Impl::run(int B, const float* x, const int32_t* lengths, float*
     record(p, Ctx{s, x, lengths, y});
   }
   HK_CUDA_CHECK(cudaEventRecord(done, s));
+}
+
+// A fixed synthetic input (MODEL.md's distribution, every position valid) in the host path's
+// buffers, for planning without the caller's data (explain, prepare without x).
+void CudaEngine::Impl::synthetic_host_input(int B) {
+  const std::vector<float> x = synthetic_input(B, S, cfg.d_model, 0x7e57);
+  HK_CUDA_CHECK(cudaStreamWaitEvent(stream, done, 0));
+  HK_CUDA_CHECK(cudaMemcpyAsync(buf.x_in, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+  HK_CUDA_CHECK(cudaMemcpyAsync(buf.lengths_in, buf.lengths_full, size_t(B) * sizeof(int32_t),
+                                cudaMemcpyDeviceToDevice, stream));
+  HK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  HK_CUDA_CHECK(cudaEventRecord(done, stream));
 }
 
 // ---- CudaEngine -------------------------------------------------------------------------------
@@ -499,15 +1252,18 @@ void CudaEngine::prepare(int B, const float* x, const int32_t* lengths, float* y
     if (B == 0) return;
     HK_CUDA_CHECK(cudaSetDevice(m.device));
     Plan& p = m.plan(B);
-    if (!m.routes.graphs) return;
     std::vector<GraphKey> keys;
     if (!x) {
-      // The host path's lengths buffer holds whatever the last host call left (or nothing yet):
-      // give the warm-up valid lengths.
-      HK_CUDA_CHECK(cudaStreamWaitEvent(m.stream, m.done, 0));
-      HK_CUDA_CHECK(cudaMemcpyAsync(m.buf.lengths_in, m.buf.lengths_full, size_t(m.max_batch) * sizeof(int32_t),
-                                    cudaMemcpyDeviceToDevice, m.stream));
-      HK_CUDA_CHECK(cudaEventRecord(m.done, m.stream));
+      // The host path's buffers hold whatever the last host call left (or nothing yet): give
+      // the warm-up valid lengths, and a tuning engine's measurements a synthetic input.
+      if (!p.planned) {
+        m.synthetic_host_input(B);
+      } else {
+        HK_CUDA_CHECK(cudaStreamWaitEvent(m.stream, m.done, 0));
+        HK_CUDA_CHECK(cudaMemcpyAsync(m.buf.lengths_in, m.buf.lengths_full, size_t(m.max_batch) * sizeof(int32_t),
+                                      cudaMemcpyDeviceToDevice, m.stream));
+        HK_CUDA_CHECK(cudaEventRecord(m.done, m.stream));
+      }
       for (float* out : m.buf.y) keys.push_back({B, m.buf.x_in, m.buf.lengths_in, out});
     } else {
       const int32_t* len = lengths ? lengths : m.buf.lengths_full;
@@ -517,12 +1273,33 @@ void CudaEngine::prepare(int B, const float* x, const int32_t* lengths, float* y
         for (float* out : m.buf.y) keys.push_back({B, x, len, out});
       }
     }
-    for (const GraphKey& k : keys) {
-      if (!p.graph_note.empty()) break;
-      m.graph_for(p, k, m.stream);
+    if (!m.routes.graphs) {
+      if (!p.warmed) {
+        const GraphKey& k = keys.front();
+        m.warm_up(p, Ctx{m.capture_stream, static_cast<const float*>(k.x), static_cast<const int32_t*>(k.lengths),
+                         static_cast<float*>(const_cast<void*>(k.y))}, m.stream);
+      }
+    } else {
+      for (const GraphKey& k : keys) {
+        if (!p.graph_note.empty()) break;
+        m.graph_for(p, k, m.stream);
+      }
+      if (!p.warmed) {  // capture failed before the warm-up could run (cannot happen today)
+        const GraphKey& k = keys.front();
+        m.warm_up(p, Ctx{m.capture_stream, static_cast<const float*>(k.x), static_cast<const int32_t*>(k.lengths),
+                         static_cast<float*>(const_cast<void*>(k.y))}, m.stream);
+      }
     }
     HK_CUDA_CHECK(cudaStreamSynchronize(m.capture_stream));
   });
+}
+
+TuneReport CudaEngine::tune_report(int B) const {
+  auto it = impl_->plans.find(B);
+  if (it == impl_->plans.end()) return {};
+  TuneReport r = it->second->report;
+  r.planned = it->second->planned;
+  return r;
 }
 
 std::string CudaEngine::explain(int B) const {
@@ -533,29 +1310,60 @@ std::string CudaEngine::explain(int B) const {
                   std::to_string(m.max_batch) + ")");
     HK_CUDA_CHECK(cudaSetDevice(m.device));
     Plan& p = m.plan(B);
+    if (!p.planned) {
+      m.synthetic_host_input(B);
+      m.warm_up(p, Ctx{m.capture_stream, m.buf.x_in, m.buf.lengths_in, m.buf.y[0]}, m.stream);
+      HK_CUDA_CHECK(cudaStreamSynchronize(m.capture_stream));
+    }
+    auto uses = [&](const std::string& id) {
+      for (const auto& k : p.kernels)
+        if (p.meta[p.index_of(k.kernel)].id == id) return true;
+      return false;
+    };
     std::ostringstream o;
     o << "cuda backend on " << m.device_desc << ", precision " << to_string(m.precision) << ", B = " << B
       << ", S = " << m.S << " (" << p.T << " token rows)\n";
+    if (m.routes.tune) {
+      char b[200];
+      std::snprintf(b, sizeof b, "tuning: on (%s); first forward %.1f ms: %d measured (%.1f ms), %d from the cache, %d fixed\n",
+                    m.cache->persistent() ? ("cache " + m.cache->path()).c_str() : "no disk cache", p.report.warmup_ms,
+                    p.report.measured, p.report.measure_ms, p.report.cached, p.report.fixed);
+      o << b;
+    } else {
+      o << "tuning: off (every decision takes its default or its pin)\n";
+    }
     o << "gelu: "
-      << (p.ffn_in_tanh ? "cuBLASLt tanh epilogue (HK_GELU=epilogue)"
-                        : "exact erf pass" + (p.gelu_note.empty() ? std::string() : " (" + p.gelu_note + ")"))
+      << (uses("epilogue") ? "cuBLASLt tanh epilogue" + std::string(m.pin_gelu == "epilogue" ? " (HK_GELU=epilogue)" : " (measured)")
+                           : "exact erf pass" + (p.gelu_note.empty() ? std::string() : " (" + p.gelu_note + ")"))
       << "\n";
-    o << "attention: " << (p.cudnn ? "cudnn (HK_ATTENTION=cudnn; " + p.cudnn->plan_info(p.attn) + ")" : "flash")
+    std::string att = "flash";
+    for (const char* id : {"flash.q64", "flash.q16", "cudnn", "qkv_attention"})
+      if (uses(id)) att = id;
+    o << "attention: " << att << (att == "cudnn" && p.cudnn ? " (" + p.cudnn->plan_info(p.attn) + ")" : "")
       << (p.attention_note.empty() ? "" : " (cudnn not used: " + p.attention_note + ")") << "\n";
+    for (const std::string& n : p.chain_notes) o << "chain " << n << "\n";
     o << "graphs: "
-      << (!m.routes.graphs ? "off (HK_GRAPH=0)" : p.graph_note.empty() ? "on" : "off for this B: " + p.graph_note)
+      << (!m.routes.graphs ? "off (HK_GRAPH=0)"
+          : !p.graph_note.empty() ? "off for this B: " + p.graph_note
+                                  : std::string("on"))
       << "\n";
     o << describe_plan(p.kernels, m.steps);
-    auto gemm_line = [&o](const char* step, const LtGemm* g) {
-      if (!g) return;
-      const GemmShape& s = g->shape();
+    auto gemm_line = [&o](const char* step, const GemmNode& g) {
+      if (!g.nk && !g.kn) return;
+      const LtGemm& a = g.active();
+      const GemmShape& s = a.shape();
       o << "gemm " << step << " [" << to_string(s.epilogue) << "] rows " << s.rows << " n " << s.n << " k " << s.k
-        << ": " << g->candidates().size() << " candidates, using #" << g->selected() << " (" << g->describe() << ")\n";
+        << ": " << (g.use_kn ? "[K,N]" : "[N,K]") << " weights, " << a.candidates().size() << " candidates, using #"
+        << a.selected() << " (" << a.describe() << ")\n";
     };
-    gemm_line("qkv_proj", p.qkv.get());
-    gemm_line("out_proj", p.out.get());
-    gemm_line("ffn_in", p.ffn_in_tanh ? p.ffn_in_tanh.get() : p.ffn_in.get());
-    gemm_line("ffn_out", p.ffn_out.get());
+    gemm_line("qkv_proj", p.qkv);
+    gemm_line("out_proj", p.out);
+    gemm_line("ffn_in", uses("epilogue") ? p.ffn_in_tanh : p.ffn_in);
+    gemm_line("ffn_out", p.ffn_out);
+    if (!p.decisions.empty()) {
+      o << "decisions (candidate times in ms; the first candidate is the default):\n";
+      for (const tune::Decision& d : p.decisions) o << "  " << d.describe() << "\n";
+    }
     return o.str();
   });
 }

@@ -5,11 +5,22 @@
 // first use or by prepare(B)): cuBLASLt descriptors and algorithms, the attention route, the
 // kernel plan of hk/plan.hpp, and CUDA graphs of the whole forward, replayed per call.
 //
-// Environment knobs, read when the engine is made:
-//   HK_GELU=erf|epilogue   ffn_in's GELU: exact erf in its own pass (default) or cuBLASLt's
-//                          tanh-approximation epilogue (`fast` only; fp32 always uses erf)
-//   HK_ATTENTION=flash|cudnn  attention route; cudnn falls back to flash for shapes it lacks
-//   HK_GRAPH=1|0           capture and replay CUDA graphs (default) or launch eagerly
+// Measured dispatch (src/hk/tune): with Routes::tune, every route decision (the kernel covering
+// each step or chain of steps, the attention route and tile, the bias+GELU route, each GEMM's
+// weight layout and cuBLASLt algorithm, graph replay vs eager launch) times its candidates on
+// the caller's buffers during the first forward of a batch size, rejects candidates whose
+// outputs differ from the default's by more than 2e-3, and keeps the fastest; winners are
+// memoised per engine and stored in the tune cache. Without tuning every decision takes its
+// default (the first candidate): the untuned engine.
+//
+// Environment knobs, read when the engine is made (docs/KNOBS.md lists them all):
+//   HK_TUNE=1|0            measured dispatch (routes_from_environment: on unless 0)
+//   HK_TUNE_CACHE=DIR|off, HK_TUNE_REMEASURE=1, HK_TUNE_VERBOSE=1
+//   HK_ATTENTION=auto|flash|flash.q64|flash.q16|cudnn   pins the attention route
+//   HK_GELU=auto|erf|epilogue   pins ffn_in's GELU (epilogue: cuBLASLt's tanh form, fast only)
+//   HK_GEMM_LAYOUT=auto|nk|kn, HK_GEMM_ALGO=auto|0..7   pin GEMM layout / algorithm
+//   HK_CHAINS=auto|off     fused chain kernels considered or not
+//   HK_GRAPH=auto|1|0      graph replay measured against eager, or pinned on / off
 //   HK_CUDA_POISON=1       fill the arena with NaN at construction (tests: unwritten reads show)
 //
 // Not thread-safe: one call at a time per engine. Calls on different streams are ordered by
@@ -19,6 +30,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -27,13 +39,32 @@
 namespace hk::cuda {
 
 struct Routes {
-  bool gelu_epilogue = false;  // HK_GELU=epilogue
-  bool prefer_cudnn = false;   // HK_ATTENTION=cudnn
-  bool graphs = true;          // HK_GRAPH
+  bool gelu_epilogue = false;  // HK_GELU=epilogue: pins the tanh epilogue
+  bool prefer_cudnn = false;   // HK_ATTENTION=cudnn: pins cuDNN (flash where cuDNN lacks the shape)
+  bool graphs = true;          // false (HK_GRAPH=0): eager launches, pinned
   bool poison = false;         // HK_CUDA_POISON
+  bool tune = false;           // measured dispatch; a default-constructed Routes is the untuned engine
+  std::string tune_cache_dir;  // "" : decisions kept in memory only
+  bool tune_verbose = false;   // HK_TUNE_VERBOSE
+  bool tune_remeasure = false; // HK_TUNE_REMEASURE
+  // Further pins by decision family -> candidate id: "attention" (flash, flash.q64, flash.q16,
+  // cudnn), "gelu" (erf, epilogue), "gemm_layout" (nk, kn), "gemm_algo" (0..7), "chains" (off),
+  // "graph" (1, 0). The booleans above pin too.
+  std::map<std::string, std::string> pins;
 };
 // Parses the knobs above; throws hk::Error naming the variable on a value it does not know.
+// tune = HK_TUNE != 0, tune_cache_dir = the default location (hk::tune::TuneCache).
 Routes routes_from_environment();
+
+// What tuning cost for one batch size.
+struct TuneReport {
+  bool planned = false;    // the plan of this B exists (its first forward ran)
+  double warmup_ms = 0;    // wall time of the first forward's planning + tuning + warm-up
+  double measure_ms = 0;   // of which measuring candidates
+  int measured = 0;        // decisions measured now
+  int cached = 0;          // decisions answered by the tune cache
+  int fixed = 0;           // decisions without measurement (single candidate, pinned, untuned)
+};
 
 class CudaEngine : public Engine {
  public:
@@ -50,6 +81,8 @@ class CudaEngine : public Engine {
   // Host arrays: x, lengths staged through pinned buffers (allocated on the first call), the
   // forward run on the engine's stream, y copied back; returns when y is written.
   void forward(const float* x, const int32_t* lengths, int B, float* y) override;
+  // The plan of B (its decisions and, where measured, every candidate's time). Plans B first
+  // if needed; a tuning engine then tunes on a synthetic input (fixed seed, all positions valid).
   std::string explain(int B) const override;
 
   // Device-resident forward, asynchronous on `stream`: x [B, S, D] fp32, lengths [B] int32 (or
@@ -67,6 +100,8 @@ class CudaEngine : public Engine {
   //   x and y set:       forward_device(x, lengths, B, y, stream)
   // Keeps setup out of timed loops. Synchronous.
   void prepare(int B, const float* x = nullptr, const int32_t* lengths = nullptr, float* y = nullptr);
+
+  TuneReport tune_report(int B) const;
 
   int max_batch() const;
   int seq_len() const;

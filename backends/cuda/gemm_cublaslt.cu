@@ -55,7 +55,11 @@ LtGemm::LtGemm(cublasLtHandle_t lt, const GemmShape& shape, const void* bias_exa
   cublasLtMatmulDesc_t probe = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
   try {
-    HK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_, ab, uint64_t(shape.k), uint64_t(shape.n), int64_t(shape.k)));
+    if (shape.weight_kn) {  // row-major [k, n] is column-major n x k (ld n), used untransposed
+      HK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_, ab, uint64_t(shape.n), uint64_t(shape.k), int64_t(shape.n)));
+    } else {
+      HK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_, ab, uint64_t(shape.k), uint64_t(shape.n), int64_t(shape.k)));
+    }
     HK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_, ab, uint64_t(shape.k), uint64_t(shape.rows), int64_t(shape.k)));
     HK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c_, cd, uint64_t(shape.n), uint64_t(shape.rows), int64_t(shape.n)));
     probe = make_desc(bias_example);
@@ -99,7 +103,7 @@ cublasLtMatmulDesc_t LtGemm::make_desc(const void* bias) const {
   cublasLtMatmulDesc_t d = nullptr;
   HK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   try {
-    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const cublasOperation_t ta = shape_.weight_kn ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
     const cublasLtEpilogue_t epi = lt_epilogue(shape_.epilogue);
     HK_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
     HK_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));

@@ -1,10 +1,13 @@
 // The GEMMs of the CUDA backend, through cuBLASLt.
 //
 //   out[r, :] = epilogue( in[r, :] . W^T )     r < rows,  W [n, k] (nn.Linear [out, in])
+//                                              or, with weight_kn, W^T stored as [k, n]
 //
 // Row-major activations and nn.Linear weights map to cuBLASLt's column-major "TN" problem
 // out^T[n, rows] = W[k, n]^T . in^T[k, rows], both operands K-contiguous (the layout cuBLASLt is
 // most tuned for), m = n, so the epilogue's bias (one value per row of D) is the Linear bias.
+// The [k, n] weight layout (weight_kn) is the "NN" problem over the same output: cuBLASLt
+// dispatches it to other kernels, faster for some skinny shapes (a measured choice).
 // Epilogues:
 //   bias            out = in W^T + bias                  (out and bias of the output type)
 //   bias_gelu_tanh  out = GELU_tanh(in W^T + bias)       (cuBLASLt's GELU is the tanh form)
@@ -38,6 +41,7 @@ struct GemmShape {
   DType in_type = DType::f16;   // W and in
   DType out_type = DType::f16;  // out and bias (bias_residual requires f32)
   GemmEpilogue epilogue = GemmEpilogue::bias;
+  bool weight_kn = false;       // W passed to run() is W^T, row-major [k, n]
 };
 
 // cuBLASLt workspace: 32 MiB lets the heuristic offer split-K / stream-K algorithms for the

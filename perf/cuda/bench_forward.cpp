@@ -7,13 +7,27 @@
 // iteration time (manual time). Counters: tokens/s, TFLOP/s and TB/s against the dense floor
 // counts of perf/device/summarize.py, plus min/p90.
 //
+// Measured dispatch (--tune): `env` (default) builds engines from the environment (HK_TUNE etc.);
+// `off` / `on` force untuned / tuned engines; `both` registers two benchmarks per case,
+// ".../untuned" (HK_TUNE=0: every route its default) and ".../tuned", in one process, and prints
+// a side-by-side table with the geometric-mean gain at the end. Tuned engines use the tune cache
+// in --tune-cache DIR (default: a fresh directory per process, so the first engine measures).
+// Counters: startup_ms = wall time of the engine's first forward (planning, tuning, warm-up,
+// capture); for tuned engines also decisions_measured, measure_ms, and cached_startup_ms /
+// decisions_cached of a second engine made afterwards with the same cache (a second run).
+//
 // Usage: hk_bench_cuda [--cases path/cases.csv] [--only 1,2,6] [--precision fast|fp32]
-//                      [--reps N] [google benchmark flags]
+//                      [--reps N] [--tune env|off|on|both] [--tune-cache DIR]
+//                      [google benchmark flags]
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
+#include <stdlib.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <map>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -55,8 +69,30 @@ void check(cudaError_t e, const char* what) {
 
 int g_reps = 0;  // 0: adaptive
 hk::Precision g_precision = hk::Precision::fast;
+std::string g_tune_cache;
 
-void bench_case(benchmark::State& state, Case c) {
+enum class Tune { env, off, on };
+struct Result {
+  double ms = 0, startup_ms = 0, cached_startup_ms = 0, measure_ms = 0;
+  int measured = 0, cached = 0;
+};
+std::map<int, std::map<std::string, Result>> g_results;  // case -> "untuned"/"tuned" -> result
+
+hk::cuda::Routes routes_for(Tune t) {
+  hk::cuda::Routes r = hk::cuda::routes_from_environment();
+  if (t == Tune::off) r.tune = false;
+  if (t == Tune::on) {
+    r.tune = true;
+    r.tune_cache_dir = g_tune_cache;
+  }
+  return r;
+}
+
+double wall_ms(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void bench_case(benchmark::State& state, Case c, Tune tune) {
   hk::ModelConfig cfg;
   cfg.d_model = c.D;
   cfg.n_heads = c.H;
@@ -69,7 +105,9 @@ void bench_case(benchmark::State& state, Case c) {
   opt.precision = g_precision;
   opt.max_batch = c.B;
   opt.seq_len = c.S;
-  hk::cuda::CudaEngine engine(model, opt);
+  const hk::cuda::Routes routes = routes_for(tune);
+  auto engine_ptr = std::make_unique<hk::cuda::CudaEngine>(model, opt, routes);
+  hk::cuda::CudaEngine& engine = *engine_ptr;
 
   const size_t n = size_t(c.B) * c.S * c.D;
   const size_t x_bytes = n * sizeof(float);
@@ -87,7 +125,13 @@ void bench_case(benchmark::State& state, Case c) {
     check(cudaMemcpy(lens[i], len.data(), c.B * sizeof(int32_t), cudaMemcpyHostToDevice), "upload lengths");
   }
   cudaStream_t stream = engine.stream();
-  // Warm-up: plans, graph captures for every pointer set (both output buffers), clocks up.
+  // The first forward: planning and (tuned) measuring every route decision, warm-up, capture.
+  auto t_first = std::chrono::steady_clock::now();
+  engine.forward_device(xs[0], lens[0], c.B, stream);
+  check(cudaStreamSynchronize(stream), "first forward");
+  const double startup_ms = wall_ms(t_first);
+  const hk::cuda::TuneReport first = engine.tune_report(c.B);
+  // Warm-up: graph captures for every pointer set (both output buffers), clocks up.
   for (int w = 0; w < 3; ++w)
     for (int i = 0; i < sets; ++i) engine.forward_device(xs[i], lens[i], c.B, stream);
   check(cudaStreamSynchronize(stream), "warm-up");
@@ -133,9 +177,35 @@ void bench_case(benchmark::State& state, Case c) {
   state.counters["p90_ms"] = ms[size_t(reps * 0.9)];
   state.counters["reps"] = reps;
   state.counters["input_sets"] = sets;
-  state.SetLabel(engine.device());
+  state.counters["startup_ms"] = startup_ms;
+  Result res;
+  res.ms = ms[reps / 2];
+  res.startup_ms = startup_ms;
+  if (routes.tune) {
+    state.counters["decisions_measured"] = first.measured;
+    state.counters["measure_ms"] = first.measure_ms;
+    res.measured = first.measured;
+    res.measure_ms = first.measure_ms;
+  }
+  state.SetLabel(engine.device() + (routes.tune ? ", tuned" : ", untuned"));
 
   for (auto& e : ev) cudaEventDestroy(e);
+  if (routes.tune) {
+    // A second engine with the same tune cache: what the next run of this case starts with.
+    check(cudaStreamSynchronize(stream), "drain");
+    engine_ptr.reset();
+    hk::cuda::CudaEngine again(model, opt, routes);
+    auto t_again = std::chrono::steady_clock::now();
+    again.forward_device(xs[0], lens[0], c.B, again.stream());
+    check(cudaStreamSynchronize(again.stream()), "second engine");
+    res.cached_startup_ms = wall_ms(t_again);
+    res.cached = again.tune_report(c.B).cached;
+    state.counters["cached_startup_ms"] = res.cached_startup_ms;
+    state.counters["decisions_cached"] = res.cached;
+    state.counters["decisions_measured_again"] = again.tune_report(c.B).measured;
+  }
+  g_results[c.id][routes.tune ? "tuned" : "untuned"] = res;
+
   cudaEventDestroy(probe0);
   cudaEventDestroy(probe1);
   for (int i = 0; i < sets; ++i) {
@@ -147,7 +217,7 @@ void bench_case(benchmark::State& state, Case c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string cases_path = "cases.csv", only;
+  std::string cases_path = "cases.csv", only, tune_mode = "env";
   std::vector<char*> rest{argv[0]};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -159,6 +229,8 @@ int main(int argc, char** argv) {
     else if (a == "--only") only = value("--only");
     else if (a == "--reps") g_reps = std::stoi(value("--reps"));
     else if (a == "--precision") g_precision = hk::precision_from_string(value("--precision"));
+    else if (a == "--tune") tune_mode = value("--tune");
+    else if (a == "--tune-cache") g_tune_cache = value("--tune-cache");
     else rest.push_back(argv[i]);
   }
   int ndev = 0;
@@ -166,19 +238,54 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hk_bench_cuda: no CUDA device\n");
     return 77;
   }
+  if (tune_mode != "env" && tune_mode != "off" && tune_mode != "on" && tune_mode != "both") {
+    std::fprintf(stderr, "hk_bench_cuda: --tune takes env, off, on or both\n");
+    return 2;
+  }
+  if (g_tune_cache.empty()) {  // a fresh cache: the first tuned engine of each case measures
+    char tmpl[] = "/tmp/hk_bench_tune_XXXXXX";
+    if (const char* d = ::mkdtemp(tmpl)) g_tune_cache = d;
+  }
+  std::vector<std::pair<Tune, std::string>> modes;
+  if (tune_mode == "env") modes = {{Tune::env, ""}};
+  if (tune_mode == "off") modes = {{Tune::off, "/untuned"}};
+  if (tune_mode == "on") modes = {{Tune::on, "/tuned"}};
+  if (tune_mode == "both") modes = {{Tune::off, "/untuned"}, {Tune::on, "/tuned"}};
+  if (tune_mode == "env" && hk::cuda::routes_from_environment().tune)
+    std::fprintf(stderr, "hk_bench_cuda: engines tune (HK_TUNE); their cache: %s\n",
+                 hk::cuda::routes_from_environment().tune_cache_dir.c_str());
   for (const Case& c : read_cases(cases_path)) {
     if (!only.empty() && ("," + only + ",").find("," + std::to_string(c.id) + ",") == std::string::npos) continue;
     const std::string name = "forward/case:" + std::to_string(c.id) + "/B:" + std::to_string(c.B) +
                              "/S:" + std::to_string(c.S) + "/D:" + std::to_string(c.D) + "/H:" +
                              std::to_string(c.H) + "/" + hk::to_string(g_precision);
-    benchmark::RegisterBenchmark(name.c_str(), bench_case, c)
-        ->UseManualTime()
-        ->Iterations(1)
-        ->Unit(benchmark::kMillisecond);
+    for (const auto& [mode, suffix] : modes)
+      benchmark::RegisterBenchmark((name + suffix).c_str(), bench_case, c, mode)
+          ->UseManualTime()
+          ->Iterations(1)
+          ->Unit(benchmark::kMillisecond);
   }
   int n = int(rest.size());
   benchmark::Initialize(&n, rest.data());
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
+  if (tune_mode == "both") {
+    // The side-by-side table for perf/RESULTS.md.
+    std::printf("\n| case | HK_TUNE=0 ms | tuned ms | gain | tuning warm-up ms (measured decisions, measuring ms) | "
+                "cached start-up ms (cached decisions) | untuned start-up ms |\n|---|---|---|---|---|---|---|\n");
+    double log_sum = 0;
+    int n = 0;
+    for (const auto& [id, r] : g_results) {
+      if (!r.count("untuned") || !r.count("tuned")) continue;
+      const Result& u = r.at("untuned");
+      const Result& t = r.at("tuned");
+      std::printf("| %d | %.4f | %.4f | %.3fx | %.0f (%d, %.0f) | %.0f (%d) | %.0f |\n", id, u.ms, t.ms, u.ms / t.ms,
+                  t.startup_ms, t.measured, t.measure_ms, t.cached_startup_ms, t.cached, u.startup_ms);
+      log_sum += std::log(u.ms / t.ms);
+      ++n;
+    }
+    if (n) std::printf("\ngeometric-mean gain of tuning: %.3fx over %d cases (tune cache %s)\n", std::exp(log_sum / n), n,
+                       g_tune_cache.c_str());
+  }
   return 0;
 }

@@ -140,7 +140,10 @@ TEST(HkForward, DefaultsToTheShippedSampleAndHkOut) {
 
 class BatchChunk : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(BatchChunk, OneSequencePerChunkIsBitIdenticalToOneChunk) {
+// Chunking must not change a sequence's result beyond the rounding of the precision: float64
+// (reference) is bit-identical whatever the chunk; in fp32 the host BLAS (OpenBLAS sgemm) picks
+// its kernel by the number of rows in a call, so a row may round differently by an ulp or so.
+TEST_P(BatchChunk, OneSequencePerChunkMatchesOneChunk) {
   ScratchDir dir;
   const Result one = run({g_forward, "--input", sample(), "--output", "one.h5", "--batch-chunk", "4", "--precision",
                           GetParam()},
@@ -154,11 +157,13 @@ TEST_P(BatchChunk, OneSequencePerChunkIsBitIdenticalToOneChunk) {
   const io::OutputData a = io::read_output(dir.path("one.h5")), b = io::read_output(dir.path("many.h5"));
   ASSERT_EQ(a.y.size(), b.y.size());
   // Each sequence's result must not depend on which other sequences share its chunk.
+  const bool exact = std::string(GetParam()) == "reference";
+  const double tol = exact ? 0.0 : 1e-5;  // a few fp32 ulps of O(1) outputs
   size_t differ = 0;
   double max_diff = 0;
   std::string rows;
   for (size_t i = 0; i < a.y.size(); ++i)
-    if (std::memcmp(&a.y[i], &b.y[i], sizeof(float)) != 0) {
+    if (exact ? std::memcmp(&a.y[i], &b.y[i], sizeof(float)) != 0 : !(std::fabs(a.y[i] - b.y[i]) <= tol)) {
       const std::string row = std::to_string(i / (size_t(a.S) * a.D));
       if (differ++ == 0 || rows.substr(rows.rfind(' ') + 1) != row) rows += " " + row;
       max_diff = std::max(max_diff, double(std::fabs(a.y[i] - b.y[i])));

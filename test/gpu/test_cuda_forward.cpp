@@ -12,6 +12,11 @@
 //   fp32          max |y - ref| <= 1e-4, eager == graph bit for bit
 //   tanh GELU     HK_GELU=epilogue: its budget ratio printed (informational, the route is opt-in)
 //   cudnn         HK_ATTENTION=cudnn: within budget when cuDNN takes the shape, else "n/a"
+// Measured dispatch (TunedRoutes, a subset of the cases): the tuned engine's output within budget
+// (whatever routes won), its decisions listed by explain, a second engine on the same tune cache
+// measures nothing and gives the same bits, a tuned eager engine within budget, pinned
+// alternatives (flash.q16, [K,N] weights, algorithm #1) within budget. TuneCuda checks the
+// numeric guard's reduction against its host reference and the candidate timer.
 // Exits 77 (skipped) without a GPU (gpu_test_main.cpp).
 #include <gtest/gtest.h>
 
@@ -19,7 +24,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -28,6 +35,7 @@
 #include "hk/error.hpp"
 #include "hk/synthetic.hpp"
 #include "naive_forward.hpp"
+#include "tune_cuda.hpp"
 
 namespace {
 
@@ -320,6 +328,185 @@ TEST(CudaForward, OddShapes) {
   int failures = 0;
   for (const Case& c : odd_cases()) failures += run_case(c);
   EXPECT_EQ(failures, 0);
+}
+
+// ---- measured dispatch ----------------------------------------------------------------------------
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/hk_tune_gpu_XXXXXX";
+  const char* d = ::mkdtemp(tmpl);
+  return d ? d : "";
+}
+
+int run_tuned_case(const Case& c) {
+  Table t(c);
+  std::printf("---- tuned %s: B=%d S=%d D=%d H=%d F=%d L=%d %s\n", c.name.c_str(), c.B, c.S, c.D, c.H, c.F, c.L,
+              c.causal ? "causal" : "bidirectional");
+  hk::ModelConfig cfg;
+  cfg.d_model = c.D;
+  cfg.n_heads = c.H;
+  cfg.ffn_dim = c.F;
+  cfg.n_layers = c.L;
+  cfg.causal = c.causal;
+  const uint64_t seed = uint64_t(c.B * 1000003 + c.S * 1009 + c.D * 31 + c.L) + 17;
+  Runner run{c, hk::synthetic_model(cfg, seed, c.nontrivial_ln), nullptr};
+  HK_TEST_CUDA(cudaStreamCreateWithFlags(&run.stream, cudaStreamNonBlocking));
+  const size_t n = size_t(c.B) * c.S * c.D;
+  const std::vector<float> x = hk::synthetic_input(c.B, c.S, c.D, seed);
+  const std::vector<int32_t> lengths = make_lengths(c, seed);
+  const std::vector<double> ref =
+      hk::test::naive_forward(run.model, std::vector<double>(x.begin(), x.end()), c.B, c.S, lengths);
+  DevBuf xd(n * 4), yd(n * 4), ld(size_t(c.B) * 4 + 4);
+  xd.upload(x);
+  ld.upload(lengths);
+  const std::string dir = temp_dir();
+  try {
+    Routes tuned;
+    tuned.tune = true;
+    tuned.tune_cache_dir = dir;
+    auto e1 = run.engine(Precision::fast, tuned);
+    const std::vector<float> y1 = run.device_call(*e1, xd, ld.get<int32_t>(), c.B, yd);
+    const double r1 = hk::test::budget_ratio(y1.data(), ref);
+    t.row("tuned/graph", "ratio " + fmt("%.3g", r1), r1 <= 1.0, "max abs " + fmt("%.3g", max_abs_err(y1.data(), ref)));
+    const hk::cuda::TuneReport rep1 = e1->tune_report(c.B);
+    const std::string plan = e1->explain(c.B);
+    t.row("tuned/report", std::to_string(rep1.measured) + " measured", rep1.planned && rep1.measured >= 1,
+          "warm-up " + fmt("%.0f ms", rep1.warmup_ms) + ", measuring " + fmt("%.0f ms", rep1.measure_ms));
+    t.row("tuned/explain", "", plan.find("tuning: on") != std::string::npos &&
+                                   plan.find("decisions (candidate times") != std::string::npos &&
+                                   plan.find("graph [") != std::string::npos);
+    std::printf("%s", plan.c_str());
+    t.row("tuned/input", "intact", same_bits(xd.download<float>(n), x));
+
+    auto e2 = run.engine(Precision::fast, tuned);  // the second run: everything from the cache
+    const std::vector<float> y2 = run.device_call(*e2, xd, ld.get<int32_t>(), c.B, yd);
+    const hk::cuda::TuneReport rep2 = e2->tune_report(c.B);
+    // Fewer than the first engine measured: alternatives of options that lost are not revisited.
+    t.row("tuned/cache", std::to_string(rep2.cached) + " cached", rep2.measured == 0 && rep2.cached >= 1,
+          "start-up " + fmt("%.0f ms", rep2.warmup_ms) + " vs " + fmt("%.0f ms", rep1.warmup_ms));
+    t.row("tuned/cache bits", "== 1st engine", same_bits(y1, y2));
+
+    Routes eager = tuned;
+    eager.graphs = false;
+    eager.tune_cache_dir.clear();
+    auto e3 = run.engine(Precision::fast, eager);
+    const std::vector<float> y3 = run.device_call(*e3, xd, ld.get<int32_t>(), c.B, yd);
+    const double r3 = hk::test::budget_ratio(y3.data(), ref);
+    t.row("tuned/eager", "ratio " + fmt("%.3g", r3), r3 <= 1.0);
+
+    Routes pinned = tuned;
+    pinned.tune_cache_dir.clear();
+    pinned.pins = {{"attention", "flash.q16"}, {"gemm_layout", "kn"}, {"gemm_algo", "1"}};
+    auto e4 = run.engine(Precision::fast, pinned);
+    const std::vector<float> y4 = run.device_call(*e4, xd, ld.get<int32_t>(), c.B, yd);
+    const double r4 = hk::test::budget_ratio(y4.data(), ref);
+    const std::string p4 = e4->explain(c.B);
+    t.row("pinned alts", "ratio " + fmt("%.3g", r4), r4 <= 1.0 && p4.find("[K,N] weights") != std::string::npos,
+          "flash.q16 + [K,N] + algo 1");
+
+    auto e5 = run.engine(Precision::fp32, tuned);
+    const std::vector<float> y5 = run.device_call(*e5, xd, ld.get<int32_t>(), c.B, yd);
+    const double m5 = max_abs_err(y5.data(), ref);
+    t.row("tuned/fp32", "max abs " + fmt("%.3g", m5), m5 <= 1e-4);
+  } catch (const std::exception& e) {
+    t.row("tuned", "threw", false, e.what());
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  cudaStreamDestroy(run.stream);
+  return t.failures();
+}
+
+TEST(CudaForward, TunedRoutes) {
+  header();
+  int failures = 0;
+  const std::vector<Case> spec = spec_cases();
+  for (int id : {1, 4, 5, 8, 12, 13}) failures += run_tuned_case(spec[size_t(id - 1)]);
+  const std::vector<Case> odd = odd_cases();
+  failures += run_tuned_case(odd[3]);  // S=33 D=40 H=5: head_dim 8, odd S, edge lengths 0/1/S
+  failures += run_tuned_case(odd[5]);  // S=130: longer than the fused QKV+attention kernel takes
+  EXPECT_EQ(failures, 0);
+}
+
+TEST(TuneCuda, GuardReductionMatchesHost) {
+  std::mt19937 rng(42);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  int checks = 0, bad = 0;
+  for (auto type : {hk::cuda::DType::f16, hk::cuda::DType::f32}) {
+    for (int S : {1, 7, 128}) {
+      const int B = 5, cols = 40, stride = 48;
+      const int64_t rows = int64_t(B) * S;
+      const size_t elem = type == hk::cuda::DType::f16 ? 2 : 4, count = size_t(rows) * stride;
+      std::vector<unsigned char> a(count * elem), b(count * elem);
+      std::vector<int32_t> len = {0, 1, S, S / 2, S};
+      for (size_t i = 0; i < count; ++i) {
+        const float va = nd(rng), vb = va + (i % 97 == 0 ? nd(rng) * 1e-3f : 0.f);
+        if (elem == 2) {
+          const __half ha = __float2half(va), hb = __float2half(vb);
+          std::memcpy(&a[i * 2], &ha, 2);
+          std::memcpy(&b[i * 2], &hb, 2);
+        } else {
+          std::memcpy(&a[i * 4], &va, 4);
+          std::memcpy(&b[i * 4], &vb, 4);
+        }
+      }
+      // A huge difference in a padded row (must be skipped) and in a padding column (beyond cols).
+      auto put = [&](std::vector<unsigned char>& v, size_t i, float f) {
+        if (elem == 2) {
+          const __half h = __float2half(f);
+          std::memcpy(&v[i * 2], &h, 2);
+        } else {
+          std::memcpy(&v[i * 4], &f, 4);
+        }
+      };
+      put(a, size_t(0) * stride + 3, 1000.f);       // sequence 0 has length 0: row 0 is padding
+      put(a, size_t(rows - 1) * stride + 45, 1000.f);  // column 45 >= cols
+      for (int variant = 0; variant < 3; ++variant) {
+        std::vector<unsigned char> av = a;
+        if (variant == 1) put(av, size_t(S) * stride + 2, NAN);  // row S: sequence 1, position 0 (valid)
+        if (variant == 2) put(av, size_t(S) * stride + 2, 5.f);
+        DevBuf da(av.size()), db(b.size()), dl(len.size() * 4), res(4);
+        da.upload(av);
+        db.upload(b);
+        dl.upload(len);
+        const double dev = hk::cuda::max_abs_diff(da.get(), db.get(), type, rows, cols, stride, dl.get<int32_t>(), S,
+                                                  res.get<float>(), nullptr);
+        const double host = hk::cuda::max_abs_diff_host(av.data(), b.data(), type, rows, cols, stride, len.data(), S);
+        const bool ok = (std::isinf(host) && std::isinf(dev)) || std::fabs(dev - host) <= 1e-6 * std::max(1.0, host);
+        const bool expect_inf = variant == 1;
+        ++checks;
+        if (!ok || std::isinf(dev) != expect_inf || dev >= 100) {
+          ++bad;
+          std::printf("guard %s S=%d variant %d: device %g host %g FAIL\n", elem == 2 ? "f16" : "f32", S, variant, dev,
+                      host);
+        }
+      }
+    }
+  }
+  std::printf("guard reduction: %d checks, %d failures\n", checks, bad);
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(TuneCuda, TimerGraphAndEager) {
+  cudaStream_t s = nullptr;
+  HK_TEST_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  DevBuf a(64 << 20), b(64 << 20);
+  {
+    hk::cuda::CandidateTimer timer(s);
+    auto copy = [&](cudaStream_t st) {
+      HK_TEST_CUDA(cudaMemcpyAsync(b.get(), a.get(), a.bytes(), cudaMemcpyDeviceToDevice, st));
+    };
+    const double g = timer.time(copy, true), e = timer.time(copy, false);
+    std::printf("64 MiB copy: graph %.4f ms, eager %.4f ms\n", g, e);
+    EXPECT_GT(g, 0.0);
+    EXPECT_GT(e, 0.0);
+    EXPECT_LT(std::fabs(g - e), 0.5 * std::max(g, e));  // the same work either way
+    // A candidate that breaks the capture (a synchronous call) throws; the stream stays usable.
+    EXPECT_ANY_THROW(timer.time([&](cudaStream_t) { HK_TEST_CUDA(cudaDeviceSynchronize()); }, true));
+    EXPECT_GT(timer.time(copy, true), 0.0);
+  }
+  HK_TEST_CUDA(cudaStreamSynchronize(s));
+  cudaStreamDestroy(s);
 }
 
 TEST(CudaForward, BadArgumentsGiveHkErrors) {

@@ -1,0 +1,692 @@
+// The fused post-attention chain (see post_attn_fused.cuh).
+//
+// Work split: a warp owns 16 token rows at a time for the whole chain. Its fp32 residual row
+// block (16 x D) lives in the mma accumulators: thread (g = lane/4, t = lane%4) holds rows g and
+// g+8, columns 8j + 2t, 8j + 2t + 1 of every n8 tile j (the m16n8 C layout), so each LayerNorm
+// reduces over 4 lanes of a quad with two shuffles and never touches shared memory.
+//   out_proj: acc = x + bo, acc += o Wo^T       (o tile in the warp's smem tile, ldmatrix A)
+//   ln2:      h = LN(acc) -> fp16 into the same smem tile
+//   ffn:      per chunk of NC ffn columns: c = h Wi[chunk]^T + bi (fp32 regs), GELU, repacked in
+//             registers as the A fragments of acc += gelu(c) Wf[:, chunk]^T (no smem round trip)
+//   tail:     acc += bf; store x; LN(acc) -> fp16 h_out via the smem tile (16-byte stores), or
+//             y = LN(acc) in fp32 with padded rows zeroed.
+// Weights ([out, in] = [N, K] row-major, exactly the K-contiguous B operand of mma .col) are
+// either resident in shared memory for the CTA's lifetime (D, F <= 128: warps then run
+// independently and the grid is persistent, so the weights are read once per CTA), or streamed
+// as panels through a two-stage cp.async buffer shared by the CTA's warps (D or F = 256: 384 KB
+// of weights cannot stay resident; a CTA then moves through 16 * warps rows per panel sequence).
+//
+// Numerics follow the split route: fp16 GEMM operands (o, h, GELU output), fp32 accumulation, the
+// ffn_in pre-activation rounded to fp16 before the erf GELU (cuBLASLt's fp16 output of the bias
+// epilogue), fp32 residual and LayerNorm statistics (mean, then the centred sum of squares,
+// rsqrtf as rownorm.cu).
+#include "post_attn_fused.cuh"
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "common.cuh"
+
+namespace hk::cuda {
+namespace {
+
+constexpr int kWarpRows = 16;  // the mma M dimension: one m16 tile per warp
+
+constexpr size_t round_up(size_t v, size_t m) { return (v + m - 1) / m * m; }
+constexpr size_t cmax(size_t a, size_t b) { return a > b ? a : b; }
+
+// Tile table of one instantiation (DP, FP = the padded D, F it is compiled for).
+template <int DP, int FP>
+struct Tile {
+  // 3 * 128 * 136 halves = 104 KB resident at D = F = 128 leaves room for 12 warps' tiles even on
+  // the A100 (163 KB); at 256 the weights are 384 KB: streamed.
+  static constexpr bool kResident = DP <= 128 && FP <= 128;
+  // ffn columns per chunk: 64 keeps the chunk accumulator at 32 registers next to the D/2
+  // residual registers; 32 at D = 256, where the residual alone is 128 registers.
+  static constexpr int kNC = DP <= 128 ? 64 : 32;
+  // Streamed out_proj panel width (k columns of Wo per stage): 256 x 64 halves = 36 KB per stage.
+  static constexpr int kKC = 64;
+  // Warps per CTA: resident kernels are limited by registers (D=128: ~130 regs -> 12 warps;
+  // D=64: 16) and by the per-warp tiles next to the weights; streamed D=256 needs ~180 registers.
+  static constexpr int kMaxWarps = DP <= 64 ? 16 : (DP <= 128 ? 12 : 8);
+
+  static constexpr int kNT = DP / 8;    // n8 tiles across a D-wide row
+  static constexpr int kSA = DP + 8;    // halves per row of the warp tile (and of [*, D] weights):
+                                        // +16 bytes puts ldmatrix's 8 rows in 8 distinct bank groups
+  static constexpr int kSWf = FP + 8;   // halves per row of resident Wf [D, F]
+  static constexpr size_t kVecBytes = round_up(size_t(6 * DP + FP) * 4, 128);
+  static constexpr size_t kStageBytes =
+      round_up(2 * cmax(cmax(size_t(DP) * (kKC + 8), size_t(kNC) * (DP + 8)), size_t(DP) * (kNC + 8)), 128);
+  static constexpr size_t kWeightBytes =
+      kResident ? round_up(2 * (size_t(DP) * kSA + size_t(FP) * kSA + size_t(DP) * kSWf), 128) : 2 * kStageBytes;
+  static constexpr size_t kWarpTileBytes = size_t(2) * kWarpRows * kSA;
+  // Stages per row block in the streamed kernel: out_proj panels, then (Wi chunk, Wf chunk) pairs.
+  static constexpr int kStages = DP / kKC + 2 * (FP / kNC);
+
+  static_assert(DP % 16 == 0 && FP % 16 == 0, "mma k16 steps");
+  static_assert(FP % kNC == 0 && kNC % 16 == 0, "whole ffn chunks");
+  static_assert(kResident || DP % kKC == 0, "whole out_proj panels");
+  static_assert(DP <= 256, "the residual row block lives in registers");
+};
+
+template <int DP, int FP>
+constexpr size_t smem_bytes(int warps, int nbuf) {
+  using T = Tile<DP, FP>;
+  return T::kVecBytes + T::kWeightBytes + size_t(warps) * size_t(nbuf) * T::kWarpTileBytes;
+}
+
+// ---- PTX wrappers -------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte async copy; valid = false zero-fills the destination without reading global memory.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// volatile: the same address is read again after a __syncwarp with new contents (o, then h).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// D = A(16x16, row) * B(16x8, col) + D, fp16 in, fp32 accumulate. volatile keeps the program order
+// of ldmatrix and mma: free scheduling hoisted every B fragment of a loop and spilled.
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+// ---- tile loops ----------------------------------------------------------------------------------
+// Copies rows [0, NR) x halves [0, NC) of a row-major fp16 matrix (row stride ld) into shared
+// memory (row stride SS halves); rows >= vrows or columns >= vcols are zero-filled (padding).
+template <int NR, int NCOL, int SS>
+__device__ __forceinline__ void copy_panel(uint32_t dst, const __half* src, int64_t ld, int vrows, int vcols,
+                                           int tid, int nthreads) {
+  constexpr int kChunks = NCOL / 8;
+  for (int i = tid; i < NR * kChunks; i += nthreads) {
+    const int r = i / kChunks, c = (i - r * kChunks) * 8;
+    const bool valid = r < vrows && c < vcols;
+    cp_async_16(dst + uint32_t(r * SS + c) * 2u, valid ? src + int64_t(r) * ld + c : src, valid);
+  }
+}
+
+// At most this many n8-tile pairs per k step share one pass: ptxas hoists every B fragment of a
+// pass above its mma (4 registers each), which at D = 256 (16 pairs) spills next to the 128
+// residual registers. Larger tiles run in several passes (the A fragment is re-read per pass).
+constexpr int kPairsPerPass = 8;
+
+// acc[NT][4] += A(16 x 16 KS, ldmatrix from a_addr: the lane's address for k step 0) *
+//               B(16 KS x 8 NT; smem rows = n at stride SB halves; b_addr: the lane's address).
+template <int NT, int KS, int SB>
+__device__ __forceinline__ void mma_smem_a(float (&acc)[NT][4], uint32_t a_addr, uint32_t b_addr) {
+  constexpr int kPass = NT / 2 < kPairsPerPass ? NT / 2 : kPairsPerPass;
+  static_assert((NT / 2) % kPass == 0, "whole passes");
+#pragma unroll
+  for (int p0 = 0; p0 < NT / 2; p0 += kPass) {
+    // k steps not unrolled: bounds how far ptxas hoists B fragments (registers)
+#pragma unroll 1
+    for (int ks = 0; ks < KS; ++ks) {
+      uint32_t a[4];
+      ldsm_x4(a, a_addr + ks * 32);
+#pragma unroll
+      for (int pp = p0; pp < p0 + kPass; ++pp) {
+        uint32_t b[4];
+        ldsm_x4(b, b_addr + uint32_t(pp * 16 * SB * 2 + ks * 32));
+        mma_16816(acc[2 * pp], a, b[0], b[1]);
+        mma_16816(acc[2 * pp + 1], a, b[2], b[3]);
+      }
+    }
+  }
+}
+
+// The split route's ffn_in: the GEMM writes fp16(acc + bias), the GELU pass reads that value.
+__device__ __forceinline__ float gelu_of_f16(float z) {
+  const float r = __half2float(__float2half_rn(z));
+  return 0.5f * r * (1.f + erff(r * 0.70710678118654752f));
+}
+
+// acc[NT][4] += GELU(c) * B, with c = one ffn chunk's fp32 accumulators (16 x 8 CT). The GELU of
+// n8 tiles 2s, 2s+1 (C layout) is the A fragment of k step s (A layout), so the activation never
+// leaves registers; it is formed right before its k step to keep few fragments live.
+template <int NT, int CT, int SB>
+__device__ __forceinline__ void gelu_mma(float (&acc)[NT][4], const float (&c)[CT][4], uint32_t b_addr) {
+  constexpr int kPass = NT / 2 < kPairsPerPass ? NT / 2 : kPairsPerPass;
+#pragma unroll
+  for (int ks = 0; ks < CT / 2; ++ks) {
+    uint32_t a[4];
+    a[0] = pack_half2(gelu_of_f16(c[2 * ks][0]), gelu_of_f16(c[2 * ks][1]));
+    a[1] = pack_half2(gelu_of_f16(c[2 * ks][2]), gelu_of_f16(c[2 * ks][3]));
+    a[2] = pack_half2(gelu_of_f16(c[2 * ks + 1][0]), gelu_of_f16(c[2 * ks + 1][1]));
+    a[3] = pack_half2(gelu_of_f16(c[2 * ks + 1][2]), gelu_of_f16(c[2 * ks + 1][3]));
+#pragma unroll
+    for (int pp = 0; pp < NT / 2; ++pp) {
+      uint32_t b[4];
+      ldsm_x4(b, b_addr + uint32_t(pp * 16 * SB * 2 + ks * 32));
+      mma_16816(acc[2 * pp], a, b[0], b[1]);
+      mma_16816(acc[2 * pp + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// LayerNorm statistics of the thread's two rows (g, g+8) across the quad. Columns >= D hold
+// exact zeros (padded kernels), so their (0 - mean)^2 terms are removed afterwards.
+template <int NT, int DP, bool kPad>
+__device__ __forceinline__ void row_stats(const float (&acc)[NT][4], int D, float eps, float (&mean)[2],
+                                          float (&rstd)[2]) {
+  float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    s0 += acc[j][0] + acc[j][1];
+    s1 += acc[j][2] + acc[j][3];
+  }
+  s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+  s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+  s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+  s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+  mean[0] = s0 / float(D);
+  mean[1] = s1 / float(D);
+  float q0 = 0.f, q1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const float a = acc[j][0] - mean[0], b = acc[j][1] - mean[0];
+    const float c = acc[j][2] - mean[1], d = acc[j][3] - mean[1];
+    q0 += a * a + b * b;
+    q1 += c * c + d * d;
+  }
+  q0 += __shfl_xor_sync(0xffffffffu, q0, 1);
+  q1 += __shfl_xor_sync(0xffffffffu, q1, 1);
+  q0 += __shfl_xor_sync(0xffffffffu, q0, 2);
+  q1 += __shfl_xor_sync(0xffffffffu, q1, 2);
+  if constexpr (kPad) {
+    q0 = fmaxf(q0 - float(DP - D) * mean[0] * mean[0], 0.f);
+    q1 = fmaxf(q1 - float(DP - D) * mean[1] * mean[1], 0.f);
+  }
+  rstd[0] = rsqrtf(q0 / float(D) + eps);
+  rstd[1] = rsqrtf(q1 / float(D) + eps);
+  // Opaque copies of the means: otherwise the compiler reuses every centred value (acc - mean)
+  // of the variance loop in the normalisation and keeps D/2 more registers live (spills at 256).
+  asm volatile("mov.b32 %0, %0;\n" : "+f"(mean[0]));
+  asm volatile("mov.b32 %0, %0;\n" : "+f"(mean[1]));
+}
+
+// LN(acc; w, b) as fp16 into the warp tile (row stride SA halves); padded columns get w = b = 0.
+template <int NT, int SA>
+__device__ __forceinline__ void store_ln_f16(const float (&acc)[NT][4], const float (&mean)[2], const float (&rstd)[2],
+                                             const float* w, const float* b, uint32_t tile, int g, int t) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int col = 8 * j + 2 * t;
+    const float2 w2 = *reinterpret_cast<const float2*>(w + col);
+    const float2 b2 = *reinterpret_cast<const float2*>(b + col);
+    st_shared_u32(tile + uint32_t(g * SA + col) * 2u,
+                  pack_half2((acc[j][0] - mean[0]) * rstd[0] * w2.x + b2.x, (acc[j][1] - mean[0]) * rstd[0] * w2.y + b2.y));
+    st_shared_u32(tile + uint32_t((g + 8) * SA + col) * 2u,
+                  pack_half2((acc[j][2] - mean[1]) * rstd[1] * w2.x + b2.x, (acc[j][3] - mean[1]) * rstd[1] * w2.y + b2.y));
+  }
+}
+
+// ---- the kernel ----------------------------------------------------------------------------------
+// nbuf: warp tiles per warp (2: the next row block's o is loaded during this one; resident only).
+template <int DP, int FP, bool kPad>
+__global__ void __launch_bounds__(Tile<DP, FP>::kMaxWarps * 32, 1)
+    post_attn_kernel(const PostAttnParams p, int nbuf) {
+  using T = Tile<DP, FP>;
+  constexpr int NT = T::kNT;
+  constexpr int NC = T::kNC;
+  constexpr int SA = T::kSA;
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  const int D = kPad ? p.D : DP;
+  const int F = kPad ? p.F : FP;
+  const int64_t rows = p.rows;
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5, nw = int(blockDim.x) >> 5;
+  const int g = lane >> 2, t = lane & 3;
+
+  // Small vectors in fp32, zero past D / F.
+  float* v_bo = reinterpret_cast<float*>(smem);
+  float* v_ln2w = v_bo + DP;
+  float* v_ln2b = v_ln2w + DP;
+  float* v_bout = v_ln2b + DP;
+  float* v_lnw = v_bout + DP;
+  float* v_lnb = v_lnw + DP;
+  float* v_bin = v_lnb + DP;
+  for (int i = tid; i < DP; i += int(blockDim.x)) {
+    const bool in = i < D;
+    v_bo[i] = in ? p.b_o[i] : 0.f;
+    v_ln2w[i] = in ? p.ln2_w[i] : 0.f;
+    v_ln2b[i] = in ? p.ln2_b[i] : 0.f;
+    v_bout[i] = in ? p.b_out[i] : 0.f;
+    v_lnw[i] = in ? p.ln_next_w[i] : 0.f;
+    v_lnb[i] = in ? p.ln_next_b[i] : 0.f;
+  }
+  for (int i = tid; i < FP; i += int(blockDim.x)) v_bin[i] = i < F ? __half2float(p.b_in[i]) : 0.f;
+
+  const uint32_t s_w = smem_u32(smem) + uint32_t(T::kVecBytes);
+  const uint32_t s_tiles = s_w + uint32_t(T::kWeightBytes) + uint32_t(warp * nbuf) * uint32_t(T::kWarpTileBytes);
+  // ldmatrix lane addresses: A (16 x 16 at k0): matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15);
+  // B (two n8 tiles x k16): matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15).
+  const uint32_t a_lane = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * SA + (lane >> 4) * 8) * 2u;
+  const int b_row = (lane & 7) + (lane >> 4) * 8;
+  const uint32_t b_col = uint32_t((lane >> 3) & 1) * 16u;
+
+  // The o rows [row0, row0 + 16) of this warp into a tile (zeros past `rows` and past D).
+  auto load_o = [&](uint32_t tile, int64_t row0) {
+    constexpr int kChunks = DP / 8;
+#pragma unroll
+    for (int i = lane; i < kWarpRows * kChunks; i += 32) {
+      const int r = i / kChunks, c = (i - r * kChunks) * 8;
+      const bool valid = row0 + r < rows && (!kPad || c < D);
+      cp_async_16(tile + uint32_t(r * SA + c) * 2u, valid ? p.o + (row0 + r) * D + c : p.o, valid);
+    }
+  };
+  // acc = x_in for the thread's fragment positions (zeros past `rows` / D). The bias is added
+  // after out_proj: loaded here, it would sit in registers next to the x loads in flight.
+  auto load_x = [&](float (&acc)[NT][4], int64_t row0) {
+    const int64_t r0 = row0 + g, r1 = row0 + g + 8;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int col = 8 * j + 2 * t;
+      const bool cok = !kPad || col < D;
+      float2 x0 = make_float2(0.f, 0.f), x1 = x0;
+      if (cok && r0 < rows) x0 = *reinterpret_cast<const float2*>(p.x_in + r0 * D + col);
+      if (cok && r1 < rows) x1 = *reinterpret_cast<const float2*>(p.x_in + r1 * D + col);
+      acc[j][0] = x0.x;
+      acc[j][1] = x0.y;
+      acc[j][2] = x1.x;
+      acc[j][3] = x1.y;
+    }
+  };
+  // acc += bias (a [DP] fp32 vector in smem).
+  auto add_bias = [&](float (&acc)[NT][4], const float* bias) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const float2 b = *reinterpret_cast<const float2*>(bias + 8 * j + 2 * t);
+      acc[j][0] += b.x;
+      acc[j][1] += b.y;
+      acc[j][2] += b.x;
+      acc[j][3] += b.y;
+    }
+  };
+  // ffn bias of chunk c into the chunk accumulator.
+  auto init_ffn = [&](float (&fa)[NC / 8][4], int c) {
+#pragma unroll
+    for (int j = 0; j < NC / 8; ++j) {
+      const float2 b = *reinterpret_cast<const float2*>(v_bin + c * NC + 8 * j + 2 * t);
+      fa[j][0] = b.x;
+      fa[j][1] = b.y;
+      fa[j][2] = b.x;
+      fa[j][3] = b.y;
+    }
+  };
+  // acc += bf, then the outputs of the row block. The tile is free (h was last read by ffn_in).
+  auto epilogue = [&](float (&acc)[NT][4], uint32_t tile, int64_t row0) {
+    const int64_t r0 = row0 + g, r1 = row0 + g + 8;
+    add_bias(acc, v_bout);
+    float mean[2], rstd[2];
+    if (!p.tail) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int col = 8 * j + 2 * t;
+        if (kPad && col >= D) continue;
+        if (r0 < rows) *reinterpret_cast<float2*>(p.x_out + r0 * D + col) = make_float2(acc[j][0], acc[j][1]);
+        if (r1 < rows) *reinterpret_cast<float2*>(p.x_out + r1 * D + col) = make_float2(acc[j][2], acc[j][3]);
+      }
+      row_stats<NT, DP, kPad>(acc, D, p.eps, mean, rstd);
+      __syncwarp();
+      store_ln_f16<NT, SA>(acc, mean, rstd, v_lnw, v_lnb, tile, g, t);
+      __syncwarp();
+      constexpr int kChunks = DP / 8;
+#pragma unroll
+      for (int i = lane; i < kWarpRows * kChunks; i += 32) {
+        const int r = i / kChunks, c = (i - r * kChunks) * 8;
+        if (row0 + r < rows && (!kPad || c < D)) {
+          *reinterpret_cast<uint4*>(p.h_out + (row0 + r) * D + c) = ld_shared_v4(tile + uint32_t(r * SA + c) * 2u);
+        }
+      }
+    } else {
+      row_stats<NT, DP, kPad>(acc, D, p.eps, mean, rstd);
+      // 32-bit division (rows < 2^31, checked at launch): the 64-bit one is a call, and a call
+      // with the residual row live spills it.
+      const uint32_t S = uint32_t(p.S), u0 = uint32_t(r0), u1 = uint32_t(r1);
+      const bool v0 = r0 < rows && (p.lengths == nullptr || int(u0 % S) < p.lengths[u0 / S]);
+      const bool v1 = r1 < rows && (p.lengths == nullptr || int(u1 % S) < p.lengths[u1 / S]);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int col = 8 * j + 2 * t;
+        if (kPad && col >= D) continue;
+        const float2 w = *reinterpret_cast<const float2*>(v_lnw + col);
+        const float2 b = *reinterpret_cast<const float2*>(v_lnb + col);
+        if (r0 < rows) {
+          *reinterpret_cast<float2*>(p.y + r0 * D + col) =
+              v0 ? make_float2((acc[j][0] - mean[0]) * rstd[0] * w.x + b.x, (acc[j][1] - mean[0]) * rstd[0] * w.y + b.y)
+                 : make_float2(0.f, 0.f);
+        }
+        if (r1 < rows) {
+          *reinterpret_cast<float2*>(p.y + r1 * D + col) =
+              v1 ? make_float2((acc[j][2] - mean[1]) * rstd[1] * w.x + b.x, (acc[j][3] - mean[1]) * rstd[1] * w.y + b.y)
+                 : make_float2(0.f, 0.f);
+        }
+      }
+    }
+  };
+
+  if constexpr (T::kResident) {
+    // Weights once per CTA, then every warp runs its own row blocks: blocks are dealt warp-major
+    // (warp w of CTA b takes w * grid + b, then strides by grid * warps) so that a partly filled
+    // last round spreads over CTAs instead of piling onto one.
+    const uint32_t s_wo = s_w;
+    const uint32_t s_wi = s_wo + uint32_t(DP * SA) * 2u;
+    const uint32_t s_wf = s_wi + uint32_t(FP * SA) * 2u;
+    copy_panel<DP, DP, SA>(s_wo, p.w_o, D, D, D, tid, int(blockDim.x));
+    copy_panel<FP, DP, SA>(s_wi, p.w_in, D, F, D, tid, int(blockDim.x));
+    copy_panel<DP, FP, T::kSWf>(s_wf, p.w_out, F, D, F, tid, int(blockDim.x));
+    const int64_t nblk = (rows + kWarpRows - 1) / kWarpRows;
+    const int64_t stride = int64_t(gridDim.x) * nw;
+    int64_t blk = int64_t(warp) * gridDim.x + blockIdx.x;
+    if (blk < nblk) load_o(s_tiles, blk * kWarpRows);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();  // weights and vectors visible to every warp; no CTA barrier after this
+
+    int cur = 0;
+    bool first = true;
+#pragma unroll 1
+    for (; blk < nblk; blk += stride) {
+      const int64_t row0 = blk * kWarpRows;
+      const uint32_t tile = s_tiles + uint32_t(cur) * uint32_t(T::kWarpTileBytes);
+      if (nbuf == 1 && !first) {
+        load_o(tile, row0);
+        cp_async_commit();
+      }
+      float acc[NT][4];
+      load_x(acc, row0);
+      cp_async_wait_all();
+      __syncwarp();
+      if (nbuf == 2) {
+        const int64_t next = blk + stride;
+        if (next < nblk) {
+          load_o(s_tiles + uint32_t(cur ^ 1) * uint32_t(T::kWarpTileBytes), next * kWarpRows);
+          // x of the next block toward L2 (its register load cannot start before this block ends).
+          const int64_t left = rows - next * kWarpRows;
+          const int64_t nrows = left < kWarpRows ? left : kWarpRows;
+          const char* xb = reinterpret_cast<const char*>(p.x_in + next * kWarpRows * D);
+          const int lines = int((nrows * D * 4 + 127) / 128);
+          for (int l = lane; l < lines; l += 32) prefetch_l2(xb + l * 128);
+        }
+        cp_async_commit();
+      }
+      // out_proj + residual
+      mma_smem_a<NT, DP / 16, SA>(acc, tile + a_lane, s_wo + uint32_t(b_row * SA) * 2u + b_col);
+      // ln2 -> h (fp16) over the o tile
+      {
+        add_bias(acc, v_bo);
+        float mean[2], rstd[2];
+        row_stats<NT, DP, kPad>(acc, D, p.eps, mean, rstd);
+        __syncwarp();
+        store_ln_f16<NT, SA>(acc, mean, rstd, v_ln2w, v_ln2b, tile, g, t);
+        __syncwarp();
+      }
+      // ffn_in + GELU + ffn_out, chunk by chunk
+#pragma unroll 1
+      for (int c = 0; c < FP / NC; ++c) {
+        float fa[NC / 8][4];
+        init_ffn(fa, c);
+        mma_smem_a<NC / 8, DP / 16, SA>(fa, tile + a_lane, s_wi + uint32_t((c * NC + b_row) * SA) * 2u + b_col);
+        gelu_mma<NT, NC / 8, T::kSWf>(acc, fa, s_wf + uint32_t(b_row * T::kSWf + c * NC) * 2u + b_col);
+      }
+      epilogue(acc, tile, row0);
+      __syncwarp();  // every lane done with the tile before it is refilled
+      first = false;
+      if (nbuf == 2) cur ^= 1;
+    }
+    cp_async_wait_all();
+  } else {
+    // Streamed weights: stage q of a row block's sequence is
+    //   q <  DP/KC:  Wo[:, q KC : (q+1) KC]                 -> [DP][KC + 8]
+    //   else, r = q - DP/KC, chunk c = r / 2:  even r: Wi[c NC : (c+1) NC, :] -> [NC][DP + 8]
+    //                                          odd r:  Wf[:, c NC : (c+1) NC] -> [DP][NC + 8]
+    // Two buffers; step j waits for stage j, a CTA barrier frees the other buffer (everyone has
+    // finished stage j - 1), then stage j + 1 (wrapping into the next row block) is issued and
+    // stage j computed while it loads.
+    constexpr int KC = T::kKC;
+    constexpr int kPanels = DP / KC;
+    auto load_stage = [&](uint32_t buf, int q) {
+      if (q < kPanels) {
+        copy_panel<DP, KC, KC + 8>(buf, p.w_o + q * KC, D, D, D - q * KC, tid, int(blockDim.x));
+      } else {
+        const int r = q - kPanels, c = r >> 1;
+        if ((r & 1) == 0) {
+          copy_panel<NC, DP, DP + 8>(buf, p.w_in + int64_t(c) * NC * D, D, F - c * NC, D, tid, int(blockDim.x));
+        } else {
+          copy_panel<DP, NC, NC + 8>(buf, p.w_out + c * NC, F, D, F - c * NC, tid, int(blockDim.x));
+        }
+      }
+    };
+    int step = 0;
+    auto next_stage = [&]() -> uint32_t {
+      cp_async_wait_all();
+      __syncthreads();
+      load_stage(s_w + uint32_t((step + 1) & 1) * uint32_t(T::kStageBytes), (step + 1) % T::kStages);
+      cp_async_commit();
+      const uint32_t buf = s_w + uint32_t(step & 1) * uint32_t(T::kStageBytes);
+      ++step;
+      return buf;
+    };
+
+    __syncthreads();  // the vectors above are read by load_x before the first stage barrier
+    const int64_t bm = int64_t(nw) * kWarpRows;
+    const int64_t nblk = (rows + bm - 1) / bm;
+    load_stage(s_w, 0);
+    cp_async_commit();
+    const uint32_t tile = s_tiles;
+#pragma unroll 1
+    for (int64_t blk = blockIdx.x; blk < nblk; blk += gridDim.x) {
+      // Every warp of the CTA runs every stage (barriers), also with rows past the end (zeros).
+      const int64_t row0 = blk * bm + int64_t(warp) * kWarpRows;
+      load_o(tile, row0);
+      cp_async_commit();
+      float acc[NT][4];
+      load_x(acc, row0);
+#pragma unroll 1
+      for (int q = 0; q < kPanels; ++q) {
+        const uint32_t buf = next_stage();
+        mma_smem_a<NT, KC / 16, KC + 8>(acc, tile + a_lane + uint32_t(q * KC * 2), buf + uint32_t(b_row * (KC + 8)) * 2u + b_col);
+      }
+      {
+        add_bias(acc, v_bo);
+        float mean[2], rstd[2];
+        row_stats<NT, DP, kPad>(acc, D, p.eps, mean, rstd);
+        __syncwarp();
+        store_ln_f16<NT, SA>(acc, mean, rstd, v_ln2w, v_ln2b, tile, g, t);
+        __syncwarp();
+      }
+#pragma unroll 1
+      for (int c = 0; c < FP / NC; ++c) {
+        float fa[NC / 8][4];
+        init_ffn(fa, c);
+        const uint32_t wi = next_stage();
+        mma_smem_a<NC / 8, DP / 16, DP + 8>(fa, tile + a_lane, wi + uint32_t(b_row * (DP + 8)) * 2u + b_col);
+        const uint32_t wf = next_stage();
+        gelu_mma<NT, NC / 8, NC + 8>(acc, fa, wf + uint32_t(b_row * (NC + 8)) * 2u + b_col);
+      }
+      epilogue(acc, tile, row0);
+      __syncwarp();
+    }
+    cp_async_wait_all();
+  }
+}
+
+// ---- launch layer --------------------------------------------------------------------------------
+enum class Variant { d64, d128, d256, pad128, pad256, none };
+
+Variant pick_variant(int D, int F) {
+  if (D < 8 || F < 8 || D > 256 || F > 256 || D % 8 != 0 || F % 8 != 0) return Variant::none;
+  if (D == 64 && F == 64) return Variant::d64;
+  if (D == 128 && F == 128) return Variant::d128;
+  if (D == 256 && F == 256) return Variant::d256;
+  if (D <= 128 && F <= 128) return Variant::pad128;
+  return Variant::pad256;
+}
+
+struct DeviceLimits {
+  int sms = 0;
+  int smem_optin = 0;
+};
+DeviceLimits device_limits() {
+  int dev = 0;
+  DeviceLimits l;
+  HK_CUDA_CHECK(cudaGetDevice(&dev));
+  HK_CUDA_CHECK(cudaDeviceGetAttribute(&l.sms, cudaDevAttrMultiProcessorCount, dev));
+  HK_CUDA_CHECK(cudaDeviceGetAttribute(&l.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return l;
+}
+
+// Opts the kernel into the device's whole shared memory once per process (current device).
+template <int DP, int FP, bool kPad>
+void raise_smem_limit() {
+  static const bool done = [] {
+    HK_CUDA_CHECK(cudaFuncSetAttribute(post_attn_kernel<DP, FP, kPad>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       device_limits().smem_optin));
+    return true;
+  }();
+  (void)done;
+}
+
+// Smallest configuration (1 warp, single buffer) fits the device's shared memory.
+template <int DP, int FP>
+bool fits_device() {
+  return smem_bytes<DP, FP>(1, 1) <= size_t(device_limits().smem_optin);
+}
+
+template <int DP, int FP, bool kPad>
+void launch(const PostAttnParams& p, cudaStream_t stream, const PostAttnConfig& cfg) {
+  using T = Tile<DP, FP>;
+  raise_smem_limit<DP, FP, kPad>();
+  const DeviceLimits lim = device_limits();
+  int warps = cfg.warps > 0 ? std::min(cfg.warps, T::kMaxWarps) : T::kMaxWarps;
+  int nbuf = (T::kResident && cfg.prefetch != 0) ? 2 : 1;
+  // Too big for this device: drop the o double buffer first (unless asked for), then warps.
+  while (smem_bytes<DP, FP>(warps, nbuf) > size_t(lim.smem_optin)) {
+    if (nbuf == 2 && cfg.prefetch != 1) {
+      nbuf = 1;
+    } else if (warps > 1) {
+      --warps;
+    } else if (nbuf == 2) {
+      nbuf = 1;
+    } else {
+      throw std::invalid_argument("hk::post_attn[cuda.fused]: shared memory of this device too small");
+    }
+  }
+  const size_t smem = smem_bytes<DP, FP>(warps, nbuf);
+  auto kernel = post_attn_kernel<DP, FP, kPad>;
+  int occ = 0;
+  HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, warps * 32, smem));
+  if (occ < 1) throw std::invalid_argument("hk::post_attn[cuda.fused]: kernel does not fit on an SM");
+  // Persistent: at most one wave; fewer CTAs when there is not enough work to deal out.
+  const int64_t units = T::kResident ? (p.rows + kWarpRows - 1) / kWarpRows
+                                     : (p.rows + int64_t(warps) * kWarpRows - 1) / (int64_t(warps) * kWarpRows);
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(int64_t(occ) * lim.sms, units));
+  kernel<<<unsigned(grid), unsigned(warps * 32), smem, stream>>>(p, nbuf);
+  HK_CUDA_CHECK_LAUNCH();
+}
+
+bool aligned(const void* ptr, uintptr_t a) { return (reinterpret_cast<uintptr_t>(ptr) & (a - 1)) == 0; }
+
+void validate(const PostAttnParams& p) {
+  auto fail = [](const char* what) {
+    throw std::invalid_argument(std::string("hk::post_attn[cuda.fused]: ") + what);
+  };
+  if (!post_attn_fused_supports(p.D, p.F)) fail("unsupported D / F (multiples of 8 up to 256)");
+  if (p.rows < 0 || p.rows > INT32_MAX) fail("row count outside [0, 2^31)");
+  if (!p.o || !p.x_in || !p.w_o || !p.b_o || !p.ln2_w || !p.ln2_b || !p.w_in || !p.b_in || !p.w_out || !p.b_out ||
+      !p.ln_next_w || !p.ln_next_b) {
+    fail("null input pointer");
+  }
+  if (p.tail ? !p.y : (!p.x_out || !p.h_out)) fail("null output pointer");
+  if (p.tail && p.S < 1) fail("S < 1 in the tail variant");
+  if (!aligned(p.o, 16) || !aligned(p.w_o, 16) || !aligned(p.w_in, 16) || !aligned(p.w_out, 16)) {
+    fail("o and the weights must be 16-byte aligned");
+  }
+  if (!aligned(p.x_in, 8) || (p.tail ? !aligned(p.y, 8) : (!aligned(p.x_out, 8) || !aligned(p.h_out, 16)))) {
+    fail("x / y must be 8-byte and h_out 16-byte aligned");
+  }
+}
+
+}  // namespace
+
+bool post_attn_fused_supports(int D, int F) {
+  switch (pick_variant(D, F)) {
+    case Variant::d64:
+      if (!fits_device<64, 64>()) return false;
+      raise_smem_limit<64, 64, false>();
+      return true;
+    case Variant::d128:
+      if (!fits_device<128, 128>()) return false;
+      raise_smem_limit<128, 128, false>();
+      return true;
+    case Variant::d256:
+      if (!fits_device<256, 256>()) return false;
+      raise_smem_limit<256, 256, false>();
+      return true;
+    case Variant::pad128:
+      if (!fits_device<128, 128>()) return false;
+      raise_smem_limit<128, 128, true>();
+      return true;
+    case Variant::pad256:
+      if (!fits_device<256, 256>()) return false;
+      raise_smem_limit<256, 256, true>();
+      return true;
+    default:
+      return false;
+  }
+}
+
+void post_attn_fused(const PostAttnParams& p, cudaStream_t stream, const PostAttnConfig& config) {
+  validate(p);
+  if (p.rows == 0) return;
+  switch (pick_variant(p.D, p.F)) {
+    case Variant::d64: return launch<64, 64, false>(p, stream, config);
+    case Variant::d128: return launch<128, 128, false>(p, stream, config);
+    case Variant::d256: return launch<256, 256, false>(p, stream, config);
+    case Variant::pad128: return launch<128, 128, true>(p, stream, config);
+    default: return launch<256, 256, true>(p, stream, config);
+  }
+}
+
+void post_attn_fused(const PostAttnParams& p, cudaStream_t stream) { post_attn_fused(p, stream, PostAttnConfig{}); }
+
+const char* post_attn_fused_name(int D, int F) {
+  switch (pick_variant(D, F)) {
+    case Variant::d64: return "hk::post_attn[cuda.fused.d64]";
+    case Variant::d128: return "hk::post_attn[cuda.fused.d128]";
+    case Variant::d256: return "hk::post_attn[cuda.fused.d256.stream]";
+    case Variant::pad128: return "hk::post_attn[cuda.fused.pad128]";
+    case Variant::pad256: return "hk::post_attn[cuda.fused.pad256.stream]";
+    default: return "";
+  }
+}
+
+}  // namespace hk::cuda

@@ -1,0 +1,79 @@
+// The post-attention chain of one layer in one CUDA kernel (fast precision, fp16 GEMM operands):
+//   x   = x_in + o Wo^T + bo                      (fp32 residual)
+//   h   = LN(x; ln2)                              (fp16)
+//   f   = GELU(h Wi^T + bi)                       (exact erf; fp16, rounded as the split route:
+//                                                  fp16(acc + bi), then fp16(GELU(.)))
+//   x   = x + f Wf^T + bf                         (fp32 residual)
+// then either (non-tail)  x_out = x, h_out = LN(x; ln_next) in fp16 (the next layer's norm1),
+// or (tail, last layer)   y = LN(x; final_norm) in fp32, zero on padded rows (x is not stored).
+// Host-compilable header: declarations only; kernels and launchers are static in
+// post_attn_fused.cu.
+//
+// A CTA owns token rows in blocks of 16 per warp for the whole chain: the row's residual stays
+// in fp32 registers, o / h are staged in shared memory, the FFN activation never leaves
+// registers (ffn_in output fragments become ffn_out A fragments), LayerNorm statistics are fp32.
+// HBM traffic: o and x read once, x and h (or y) written once: 12 B per element (tail 10).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace hk::cuda {
+
+struct PostAttnParams {
+  const __half* o = nullptr;       // [rows, D] attention output, row stride D, 16-byte aligned
+  const float* x_in = nullptr;     // [rows, D] residual before out_proj (never written unless == x_out)
+  float* x_out = nullptr;          // [rows, D] residual after the layer (may alias x_in; unused in tail)
+  const __half* w_o = nullptr;     // [D, D] (nn.Linear [out, in])
+  const float* b_o = nullptr;      // [D]
+  const float* ln2_w = nullptr;    // [D]
+  const float* ln2_b = nullptr;    // [D]
+  const __half* w_in = nullptr;    // [F, D]
+  const __half* b_in = nullptr;    // [F] (fp16, as weights.hpp stores it)
+  const __half* w_out = nullptr;   // [D, F]
+  const float* b_out = nullptr;    // [D]
+  const float* ln_next_w = nullptr;  // next layer's norm1, or final_norm in the tail variant
+  const float* ln_next_b = nullptr;
+  __half* h_out = nullptr;         // [rows, D] non-tail: LN(x_out; ln_next), 16-byte aligned
+  float* y = nullptr;              // [rows, D] tail: LN(x; final_norm), zeros on padded rows (may alias x_in)
+  const int32_t* lengths = nullptr;  // tail: row r is valid iff r % S < lengths[r / S]; null = all valid
+  int S = 1;
+  bool tail = false;
+  int64_t rows = 0;
+  int D = 0;
+  int F = 0;
+  float eps = 1e-5f;
+};
+
+// Tuning overrides (tests and tuners): 0 / -1 keep the automatic choice.
+//   warps:     warps per CTA (each owns 16 rows at a time); clamped to what the kernel allows
+//   prefetch:  1 = double-buffer the o tile (the next row block's o loads during this block's
+//              FFN; resident-weight kernels only), 0 = single buffer
+struct PostAttnConfig {
+  int warps = 0;
+  int prefetch = -1;
+};
+
+// True when this build can run (D, F): D and F multiples of 8 with D <= 256 and F <= 256.
+// Exact kernels for (64,64), (128,128) (weights resident in shared memory, persistent CTAs) and
+// (256,256) (weight panels streamed through a double buffer); any other (D, F) in range runs on
+// a zero-padded generic kernel (D, F <= 128: the 128 resident kernel; else the 256 streamed one).
+// Limits: the fp32 residual row lives in registers (D/2 floats per thread: 128 at D = 256), and
+// resident weights (3 * D * F halves) must fit next to the per-warp tiles in shared memory.
+// Also raises the kernels' dynamic shared-memory limit (once per process, current device), so
+// calling it before a graph capture keeps the capture free of attribute changes.
+bool post_attn_fused_supports(int D, int F);
+
+// Launches the chain on `stream`: no synchronisation, no allocation, graph-capturable.
+// Throws std::invalid_argument for unsupported shapes, null or misaligned pointers.
+// rows == 0 launches nothing.
+void post_attn_fused(const PostAttnParams& p, cudaStream_t stream);
+void post_attn_fused(const PostAttnParams& p, cudaStream_t stream, const PostAttnConfig& config);
+
+// Profiler name of the kernel (D, F) runs on, e.g. "hk::post_attn[cuda.fused.d128]",
+// "hk::post_attn[cuda.fused.d256.stream]", "hk::post_attn[cuda.fused.pad128]"; "" if unsupported.
+const char* post_attn_fused_name(int D, int F);
+
+}  // namespace hk::cuda

@@ -1,0 +1,115 @@
+#include "hk/tune/knobs.hpp"
+
+#include <cstdlib>
+
+#include "hk/error.hpp"
+
+namespace hk::tune {
+
+const std::vector<Knob>& knobs() {
+  static const std::vector<Knob> table = {
+      {"HK_TUNE", "1|0", "1", "tuning",
+       "Measured dispatch: each route decision times its candidates on the caller's buffers during the first "
+       "forward of a batch size and keeps the fastest (cached on disk). 0 pins every decision to its default "
+       "route, times nothing and touches no cache (the untuned engine)."},
+      {"HK_TUNE_CACHE", "DIR|off", "$XDG_CACHE_HOME/hk, else ~/.cache/hk", "tuning",
+       "Directory of the tune cache file (tune-v1.json). Entries are keyed by op, shape, dtype, device identity, "
+       "library versions and a fingerprint of the kernel sources and build. off: no disk cache."},
+      {"HK_TUNE_REMEASURE", "0|1", "0", "tuning",
+       "1: ignore cached decisions, measure again and overwrite them."},
+      {"HK_TUNE_VERBOSE", "0|1", "0", "tuning",
+       "1: one line per decision on stderr (candidates, times, winner, where the answer came from). Rejections "
+       "by the numeric guard are always reported."},
+      {"HK_ATTENTION", "auto|flash|flash.q64|flash.q16|cudnn", "auto", "cuda",
+       "Attention route. auto: measured (untuned: the own flash kernel, query tile chosen by occupancy). A pinned "
+       "route the shape does not support falls back to flash (explain says why)."},
+      {"HK_GELU", "auto|erf|epilogue", "auto", "cuda",
+       "ffn_in's bias+GELU. erf: cuBLASLt bias epilogue then an exact-erf pass (the untuned default); epilogue: "
+       "cuBLASLt's tanh-approximation GELU epilogue (fast precision only). auto: measured, the tanh route "
+       "only where the numeric guard accepts it."},
+      {"HK_GEMM_LAYOUT", "auto|nk|kn", "auto", "cuda",
+       "Weight layout of every GEMM: nk = nn.Linear's [N, K] (the untuned default), kn = a transposed [K, N] "
+       "copy (more device memory). auto: measured per GEMM."},
+      {"HK_GEMM_ALGO", "auto|0..7", "auto", "cuda",
+       "cuBLASLt algorithm: the index into the heuristic's top candidates (0 = the heuristic's first, the "
+       "untuned default). An index a GEMM lacks falls back to 0. auto: measured per GEMM."},
+      {"HK_CHAINS", "auto|off", "auto", "cuda",
+       "Fused chain kernels (several steps in one kernel). off: single-step kernels only. auto: a chain is kept "
+       "where it measures faster than the kernels it replaces (untuned: the table's first kernel)."},
+      {"HK_GRAPH", "auto|1|0", "auto", "cuda",
+       "CUDA graph replay of the whole forward. 1: always, 0: eager launches. auto: graph unless eager launch "
+       "measures faster (best of three, 0.5% margin); untuned: graph."},
+      {"HK_CUDA_POISON", "0|1", "0", "tests",
+       "1: fill the CUDA engine's arena with NaN at construction so a read of an unwritten element reaches "
+       "the output."},
+      {"HK_DATA_DIR", "DIR", "<prefix>/share/hk, then the source tree's data/", "data",
+       "Where hk_forward and the golden tests find the shipped data (sample.h5, goldens)."},
+      {"HK_CASES_CSV", "FILE", "the source tree's spec cases", "benchmarks",
+       "cases.csv read by the host benchmark hk_bench_host."},
+  };
+  return table;
+}
+
+const Knob* find_knob(const std::string& name) {
+  for (const Knob& k : knobs())
+    if (name == k.name) return &k;
+  return nullptr;
+}
+
+std::string knob_value(const char* name) {
+  if (!find_knob(name)) throw Error(std::string("internal: environment knob ") + name + " is not registered");
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+std::string knob_choice(const char* name, const std::vector<std::string>& allowed) {
+  const std::string v = knob_value(name);
+  if (v.empty()) return v;
+  for (const std::string& a : allowed)
+    if (v == a) return v;
+  std::string list;
+  for (const std::string& a : allowed) list += (list.empty() ? "'" : ", '") + a + "'";
+  throw Error(std::string(name) + " must be one of " + list + ", got '" + v + "'");
+}
+
+bool tune_enabled() { return knob_choice("HK_TUNE", {"0", "1"}) != "0"; }
+
+std::string describe_knobs() {
+  std::string out;
+  std::string area;
+  for (const Knob& k : knobs()) {
+    if (area != k.area) {
+      area = k.area;
+      out += (out.empty() ? "" : "\n") + area + ":\n";
+    }
+    const char* v = std::getenv(k.name);
+    out += "  " + std::string(k.name) + "=" + k.values + "   (default: " + k.fallback + ")" +
+           (v ? std::string("   now: '") + v + "'" : std::string()) + "\n";
+    // Doc wrapped at ~96 columns under the name.
+    std::string line = "      ";
+    std::string word;
+    auto flush_word = [&] {
+      if (word.empty()) return;
+      if (line.size() + word.size() > 100 && line.size() > 6) {
+        line.pop_back();
+        out += line + "\n";
+        line = "      ";
+      }
+      line += word + " ";
+      word.clear();
+    };
+    for (const char* c = k.doc; *c; ++c) {
+      if (*c == ' ') {
+        flush_word();
+      } else {
+        word += *c;
+      }
+    }
+    flush_word();
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  }
+  return out;
+}
+
+}  // namespace hk::tune
