@@ -4,7 +4,7 @@
 // block (16 x D) lives in the mma accumulators: thread (g = lane/4, t = lane%4) holds rows g and
 // g+8, columns 8j + 2t, 8j + 2t + 1 of every n8 tile j (the m16n8 C layout), so each LayerNorm
 // reduces over 4 lanes of a quad with two shuffles and never touches shared memory.
-//   out_proj: acc = x + bo, acc += o Wo^T       (o tile in the warp's smem tile, ldmatrix A)
+//   out_proj: acc = x, acc += o Wo^T, acc += bo (o tile in the warp's smem tile, ldmatrix A)
 //   ln2:      h = LN(acc) -> fp16 into the same smem tile
 //   ffn:      per chunk of NC ffn columns: c = h Wi[chunk]^T + bi (fp32 regs), GELU, repacked in
 //             registers as the A fragments of acc += gelu(c) Wf[:, chunk]^T (no smem round trip)
@@ -51,9 +51,6 @@ struct Tile {
   static constexpr int kNC = DP <= 128 ? 64 : 32;
   // Streamed out_proj panel width (k columns of Wo per stage): 256 x 64 halves = 36 KB per stage.
   static constexpr int kKC = 64;
-  // Warps per CTA: resident kernels are limited by registers (D=128: ~130 regs -> 12 warps;
-  // D=64: 16) and by the per-warp tiles next to the weights; streamed D=256 needs ~180 registers.
-  static constexpr int kMaxWarps = DP <= 64 ? 16 : (DP <= 128 ? 12 : 8);
 
   static constexpr int kNT = DP / 8;    // n8 tiles across a D-wide row
   static constexpr int kSA = DP + 8;    // halves per row of the warp tile (and of [*, D] weights):
@@ -72,7 +69,16 @@ struct Tile {
   static_assert(FP % kNC == 0 && kNC % 16 == 0, "whole ffn chunks");
   static_assert(kResident || DP % kKC == 0, "whole out_proj panels");
   static_assert(DP <= 256, "the residual row block lives in registers");
+  static_assert(kStages >= 2, "the streamed pipeline alternates two buffers");
 };
+
+// Warps per CTA, from registers (ptxas -v, CUDA 13.0, no spills; a sub-partition holds 16K
+// registers, so 9-12 warps allow 168 per thread, 5-8 warps 255): d64 ~128 regs -> 16 warps;
+// d128 ~165 -> 12; pad128 needs more than 168 (runtime D masks) -> 8; 256 ~250 -> 8.
+template <int DP, int FP, bool kPad>
+constexpr int max_warps() {
+  return DP <= 64 ? 16 : (DP <= 128 && !kPad ? 12 : 8);
+}
 
 template <int DP, int FP>
 constexpr size_t smem_bytes(int warps, int nbuf) {
@@ -98,8 +104,7 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
-// D = A(16x16, row) * B(16x8, col) + D, fp16 in, fp32 accumulate. volatile keeps the program order
-// of ldmatrix and mma: free scheduling hoisted every B fragment of a loop and spilled.
+// D = A(16x16, row) * B(16x8, col) + D, fp16 in, fp32 accumulate.
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -133,31 +138,22 @@ __device__ __forceinline__ void copy_panel(uint32_t dst, const __half* src, int6
   }
 }
 
-// At most this many n8-tile pairs per k step share one pass: ptxas hoists every B fragment of a
-// pass above its mma (4 registers each), which at D = 256 (16 pairs) spills next to the 128
-// residual registers. Larger tiles run in several passes (the A fragment is re-read per pass).
-constexpr int kPairsPerPass = 8;
-
 // acc[NT][4] += A(16 x 16 KS, ldmatrix from a_addr: the lane's address for k step 0) *
 //               B(16 KS x 8 NT; smem rows = n at stride SB halves; b_addr: the lane's address).
 template <int NT, int KS, int SB>
 __device__ __forceinline__ void mma_smem_a(float (&acc)[NT][4], uint32_t a_addr, uint32_t b_addr) {
-  constexpr int kPass = NT / 2 < kPairsPerPass ? NT / 2 : kPairsPerPass;
-  static_assert((NT / 2) % kPass == 0, "whole passes");
-#pragma unroll
-  for (int p0 = 0; p0 < NT / 2; p0 += kPass) {
-    // k steps not unrolled: bounds how far ptxas hoists B fragments (registers)
+  // k steps not unrolled: unrolled, ptxas hoists B fragments of later steps and d128 spills at
+  // 12 warps (168 registers); one step (NT/2 ldmatrix, NT mma) is enough to schedule.
 #pragma unroll 1
-    for (int ks = 0; ks < KS; ++ks) {
-      uint32_t a[4];
-      ldsm_x4(a, a_addr + ks * 32);
+  for (int ks = 0; ks < KS; ++ks) {
+    uint32_t a[4];
+    ldsm_x4(a, a_addr + ks * 32);
 #pragma unroll
-      for (int pp = p0; pp < p0 + kPass; ++pp) {
-        uint32_t b[4];
-        ldsm_x4(b, b_addr + uint32_t(pp * 16 * SB * 2 + ks * 32));
-        mma_16816(acc[2 * pp], a, b[0], b[1]);
-        mma_16816(acc[2 * pp + 1], a, b[2], b[3]);
-      }
+    for (int pp = 0; pp < NT / 2; ++pp) {
+      uint32_t b[4];
+      ldsm_x4(b, b_addr + uint32_t(pp * 16 * SB * 2 + ks * 32));
+      mma_16816(acc[2 * pp], a, b[0], b[1]);
+      mma_16816(acc[2 * pp + 1], a, b[2], b[3]);
     }
   }
 }
@@ -173,7 +169,6 @@ __device__ __forceinline__ float gelu_of_f16(float z) {
 // leaves registers; it is formed right before its k step to keep few fragments live.
 template <int NT, int CT, int SB>
 __device__ __forceinline__ void gelu_mma(float (&acc)[NT][4], const float (&c)[CT][4], uint32_t b_addr) {
-  constexpr int kPass = NT / 2 < kPairsPerPass ? NT / 2 : kPairsPerPass;
 #pragma unroll
   for (int ks = 0; ks < CT / 2; ++ks) {
     uint32_t a[4];
@@ -226,10 +221,12 @@ __device__ __forceinline__ void row_stats(const float (&acc)[NT][4], int D, floa
   }
   rstd[0] = rsqrtf(q0 / float(D) + eps);
   rstd[1] = rsqrtf(q1 / float(D) + eps);
-  // Opaque copies of the means: otherwise the compiler reuses every centred value (acc - mean)
-  // of the variance loop in the normalisation and keeps D/2 more registers live (spills at 256).
-  asm volatile("mov.b32 %0, %0;\n" : "+f"(mean[0]));
-  asm volatile("mov.b32 %0, %0;\n" : "+f"(mean[1]));
+  // The normaliser gets the means through a (value-preserving) quad broadcast: with the same
+  // register, the compiler keeps every centred value (acc - mean) of the variance loop alive for
+  // the normalisation, D/2 more registers next to the residual (spills at D = 256).
+  const int leader = int(threadIdx.x & 31u) & ~3;
+  mean[0] = __shfl_sync(0xffffffffu, mean[0], leader);
+  mean[1] = __shfl_sync(0xffffffffu, mean[1], leader);
 }
 
 // LN(acc; w, b) as fp16 into the warp tile (row stride SA halves); padded columns get w = b = 0.
@@ -251,7 +248,7 @@ __device__ __forceinline__ void store_ln_f16(const float (&acc)[NT][4], const fl
 // ---- the kernel ----------------------------------------------------------------------------------
 // nbuf: warp tiles per warp (2: the next row block's o is loaded during this one; resident only).
 template <int DP, int FP, bool kPad>
-__global__ void __launch_bounds__(Tile<DP, FP>::kMaxWarps * 32, 1)
+__global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
     post_attn_kernel(const PostAttnParams p, int nbuf) {
   using T = Tile<DP, FP>;
   constexpr int NT = T::kNT;
@@ -586,7 +583,8 @@ void launch(const PostAttnParams& p, cudaStream_t stream, const PostAttnConfig& 
   using T = Tile<DP, FP>;
   raise_smem_limit<DP, FP, kPad>();
   const DeviceLimits lim = device_limits();
-  int warps = cfg.warps > 0 ? std::min(cfg.warps, T::kMaxWarps) : T::kMaxWarps;
+  constexpr int kMaxWarps = max_warps<DP, FP, kPad>();
+  int warps = cfg.warps > 0 ? std::min(cfg.warps, kMaxWarps) : kMaxWarps;
   int nbuf = (T::kResident && cfg.prefetch != 0) ? 2 : 1;
   // Too big for this device: drop the o double buffer first (unless asked for), then warps.
   while (smem_bytes<DP, FP>(warps, nbuf) > size_t(lim.smem_optin)) {
