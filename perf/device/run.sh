@@ -79,6 +79,7 @@ if want tests; then
   for t in "$pkg"/bin/test_*; do
     [ -x "$t" ] || continue
     name=$(basename "$t")
+    case $name in test_tune) continue;; esac  # host-only (runs cmake); CI runs it
     echo "=== $name" >> "$OUT/tests.log"
     s=$(date +%s)
     (cd "$share" && timeout "${HK_TEST_TIMEOUT:-200}" "$t") >> "$OUT/tests.log" 2>&1
@@ -96,12 +97,13 @@ if want sanitize; then
     --lengths-list 0,1,33 --seed 7 --output "$work/san.h5" >> "$OUT/sanitizer.log" 2>&1
   hk_generate --batch 2 --seq 130 --d-model 64 --heads 2 --ffn 96 --layers 1 --causal 0 \
     --seed 8 --output "$work/san2.h5" >> "$OUT/sanitizer.log" 2>&1
+  # hk_forward end to end (untuned defaults: the routes each test program below covers on its own).
   for tool in memcheck racecheck initcheck synccheck; do
     files="san san2"; [ $tool = memcheck ] || files=san
     for f in $files; do
       for prec in fast fp32; do
         echo "=== $tool $f $prec" >> "$OUT/sanitizer.log"
-        HK_GRAPH=0 timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 \
+        HK_TUNE=0 HK_GRAPH=0 timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 \
           hk_forward --backend cuda --precision $prec --input "$work/$f.h5" --output "$work/$f-$tool.h5" --quiet \
           >> "$OUT/sanitizer.log" 2>&1
         rc=$?
@@ -110,6 +112,20 @@ if want sanitize; then
       done
     done
     stamp "  $tool done"
+  done
+  # Every kernel the choosers can pick, through its own test program (correctness part only).
+  for t in test_post_attn_fused test_qkv_attention_fused test_attention_flash; do
+    for tool in memcheck racecheck; do
+      [ -x "$pkg/bin/$t" ] || continue
+      echo "=== $tool $t" >> "$OUT/sanitizer.log"
+      (cd "$share" && HK_TEST_NO_TIMING=1 timeout "${HK_SAN_TIMEOUT:-150}" compute-sanitizer --tool $tool \
+        --error-exitcode 9 "$pkg/bin/$t" > "$work/san-$t-$tool.log" 2>&1)
+      rc=$?
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Hazard|checks,|FAIL" "$work/san-$t-$tool.log" | head -40 >> "$OUT/sanitizer.log"
+      status["sanitize-$tool-$t"]=$rc
+      echo "=== $tool $t rc=$rc" >> "$OUT/sanitizer.log"
+      stamp "  $tool $t rc=$rc"
+    done
   done
 fi
 
