@@ -320,6 +320,7 @@ class Runner {
                           cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(buf.lengths, len.data(), len.size() * sizeof(int32_t),
                           cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaDeviceSynchronize());  // pageable copies may still be landing on return
   }
 
   void poison(Buffers& buf) {

@@ -212,6 +212,9 @@ void upload(const Case& c, const Problem& pr, DeviceProblem& d) {
     else std::memcpy(&poison[i * 4], &kPoisonF32, 4);
   }
   CHECK_CUDA(cudaMemcpy(d.out.ptr, poison.data(), poison.size(), cudaMemcpyHostToDevice));
+  // A pageable copy may still be landing when cudaMemcpy returns; the kernel's stream is
+  // non-blocking and would not wait for it.
+  CHECK_CUDA(cudaDeviceSynchronize());
 }
 
 // Compares the device output with the float64 reference (checks: see the file comment) and

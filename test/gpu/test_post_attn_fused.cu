@@ -75,13 +75,21 @@ struct Dev {
   ~Dev() { cudaFree(p); }
   Dev(const Dev&) = delete;
   Dev& operator=(const Dev&) = delete;
-  void up(const std::vector<T>& v) { CHECK_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice)); }
+  // Synchronised: a pageable copy (or memset) may still be landing when cudaMemcpy returns, and
+  // the kernels run on a non-blocking stream that does not wait for it.
+  void up(const std::vector<T>& v) {
+    CHECK_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaDeviceSynchronize());
+  }
   std::vector<T> down() const {
     std::vector<T> v(n);
     CHECK_CUDA(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
     return v;
   }
-  void poison() { CHECK_CUDA(cudaMemset(p, kPoison, std::max<size_t>(n, 1) * sizeof(T))); }
+  void poison() {
+    CHECK_CUDA(cudaMemset(p, kPoison, std::max<size_t>(n, 1) * sizeof(T)));
+    CHECK_CUDA(cudaDeviceSynchronize());
+  }
 };
 
 double h2d(__half h) { return double(__half2float(h)); }
@@ -259,6 +267,7 @@ Outcome run_case(const Case& c, uint64_t seed) {
   if (!c.tail) d_h.poison();
   if (c.alias) {  // guard rows of the aliased buffer: poison, so that writes past `rows` show
     CHECK_CUDA(cudaMemset(d_x.p + size_t(rows) * D, kPoison, size_t(kGuardRows) * D * sizeof(float)));
+    CHECK_CUDA(cudaDeviceSynchronize());
   }
 
   PostAttnParams p;

@@ -67,7 +67,13 @@ struct DeviceBuffer {
   ~DeviceBuffer() { cudaFree(ptr); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void upload(const std::vector<T>& v) { CHECK_CUDA(cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice)); }
+  // cudaMemcpy from pageable memory may return before its DMA has landed, and the kernels run on a
+  // non-blocking stream that does not wait for the legacy stream: without the device-wide
+  // synchronisation a late poison write can overwrite the kernel's output (seen as "unwritten").
+  void upload(const std::vector<T>& v) {
+    CHECK_CUDA(cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaDeviceSynchronize());
+  }
   std::vector<T> download() const {
     std::vector<T> v(n);
     CHECK_CUDA(cudaMemcpy(v.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
@@ -209,6 +215,7 @@ QkvAttentionParams params_of(const Problem& p, const DeviceProblem& d) {
 struct Outcome {
   double max_err = 0, worst_ratio = 0;
   long bad = 0, unwritten = 0, nonzero_pad = 0, clobbered = 0;
+  long first_unwritten = -1, last_unwritten = -1;  // element indices into the body, for the report
   std::string error;
   bool ok() const { return error.empty() && bad == 0 && unwritten == 0 && nonzero_pad == 0 && clobbered == 0; }
 };
@@ -228,6 +235,8 @@ void check(const Problem& p, const std::vector<double>& ref, const DeviceProblem
     const int b = int(row / p.S), s = int(row % p.S);
     if (!std::isfinite(v)) {
       ++r.unwritten;
+      if (r.first_unwritten < 0) r.first_unwritten = long(i);
+      r.last_unwritten = long(i);
       continue;
     }
     if (s >= p.lengths[b]) {
@@ -308,12 +317,23 @@ std::vector<QkvAttentionMap> maps_for(const QkvAttentionParams& a) {
 int g_checks = 0, g_failures = 0;
 
 void report(const Problem& p, Lens lens, const std::string& name, const Outcome& r, const char* note) {
+  // Where non-finite elements sit (sequence, row, column of the first and the last) tells a
+  // skipped tile or head (one sequence, aligned columns) from a late host write (a contiguous tail).
+  std::string where;
+  if (r.unwritten > 0) {
+    auto at = [&](long i) {
+      const long row = i / p.D;
+      return "b" + std::to_string(row / p.S) + " s" + std::to_string(row % p.S) + " c" + std::to_string(i % p.D) +
+             " (len " + std::to_string(p.lengths[size_t(row / p.S)]) + ")";
+    };
+    where = "  non-finite from " + at(r.first_unwritten) + " to " + at(r.last_unwritten);
+  }
   ++g_checks;
   g_failures += !r.ok();
-  std::printf("%4d %4d %4d %3d %4d %3d %3d %-7s %-44s %10.3e %7.3f %5ld %5ld %5ld %5ld  %s%s%s%s\n", g_checks, p.S, p.D,
-              p.H, p.hd, p.B, int(p.causal), lens_name(lens), name.c_str(), r.max_err, r.worst_ratio, r.bad,
+  std::printf("%4d %4d %4d %3d %4d %3d %3d %-7s %-44s %10.3e %7.3f %5ld %5ld %5ld %5ld  %s%s%s%s%s\n", g_checks, p.S,
+              p.D, p.H, p.hd, p.B, int(p.causal), lens_name(lens), name.c_str(), r.max_err, r.worst_ratio, r.bad,
               r.unwritten, r.nonzero_pad, r.clobbered, r.ok() ? "PASS" : "FAIL", note[0] ? "  " : "", note,
-              r.error.empty() ? "" : ("  error: " + r.error).c_str());
+              r.error.empty() ? "" : ("  error: " + r.error).c_str(), where.c_str());
 }
 
 void correctness(std::mt19937_64& rng, cudaStream_t stream) {
