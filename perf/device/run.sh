@@ -71,15 +71,19 @@ fi
 if want tests; then
   stamp "tests"
   : > "$OUT/tests.log"
-  # The goldens through the CUDA engine (the data directory travels in the package).
-  echo "=== hk_golden_test cuda" >> "$OUT/tests.log"
-  HK_DATA_DIR="$share/data" timeout 200 hk_golden_test cuda >> "$OUT/tests.log" 2>&1
-  status[golden_cuda]=$?
-  stamp "  golden cuda rc=${status[golden_cuda]}"
+  # HK_TESTS="test_a test_b": run only these programs (default: every GPU test and the goldens).
+  if [ -z "${HK_TESTS:-}" ] || [[ " $HK_TESTS " == *" hk_golden_test "* ]]; then
+    # The goldens through the CUDA engine (the data directory travels in the package).
+    echo "=== hk_golden_test cuda" >> "$OUT/tests.log"
+    HK_DATA_DIR="$share/data" timeout 200 hk_golden_test cuda >> "$OUT/tests.log" 2>&1
+    status[golden_cuda]=$?
+    stamp "  golden cuda rc=${status[golden_cuda]}"
+  fi
   for t in "$pkg"/bin/test_*; do
     [ -x "$t" ] || continue
     name=$(basename "$t")
     case $name in test_tune) continue;; esac  # host-only (runs cmake); CI runs it
+    if [ -n "${HK_TESTS:-}" ] && [[ " $HK_TESTS " != *" $name "* ]]; then continue; fi
     echo "=== $name" >> "$OUT/tests.log"
     s=$(date +%s)
     (cd "$share" && timeout "${HK_TEST_TIMEOUT:-200}" "$t") >> "$OUT/tests.log" 2>&1
