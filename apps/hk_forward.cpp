@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "app_common.hpp"
+#include "validate_child.hpp"
 #include "hk/build_config.hpp"
 #include "hk/engine.hpp"
 #include "hk/error.hpp"
@@ -38,6 +39,8 @@ struct Options {
   int device = 0;
   int64_t batch_chunk = 0;  // 0: sized from the memory budget below
   bool quiet = false, progress = false, explain = false, knobs = false;
+  bool no_fork_validate = false;
+  int validate_timeout = 300;  // seconds without progress before the validation child counts as hung
 };
 
 // Activations of one chunk stay near this many bytes on the compute device by default.
@@ -144,6 +147,11 @@ int run(const Options& o) {
   if (hk::app::same_file(output, input) || hk::app::same_file(output, model_path))
     throw hk::Error(output + ": /: expected an output path other than the input and model files, found the same file");
   const hk::Precision precision = hk::precision_from_string(o.precision);
+
+  // ---- reliability: validate in a forked child first, so that a crash inside libhdf5 on a
+  // crafted file becomes a clean error here (validate_child.hpp). No thread exists yet.
+  if (!o.no_fork_validate) hk::app::validate_in_child(model_path, input, o.validate_timeout);
+  // ---- end of the child validation
 
   // Validation: the whole model, the input's shapes, types and lengths (x is checked per chunk).
   const hk::Model model = hk::io::read_model(model_path);
@@ -258,6 +266,14 @@ int main(int argc, char** argv) {
                "validate the files, print the kernel plan and exit without computing the input; a tuning "
                "engine (HK_TUNE) first measures its route decisions on a synthetic batch and prints each "
                "candidate's time");
+  app.add_flag("--no-fork-validate", o.no_fork_validate,
+               "skip validating the files in a forked child first (that child turns a crash of the HDF5 "
+               "library on a damaged file into a clean error, at the cost of reading the input twice)");
+  app.add_option("--validate-timeout", o.validate_timeout,
+                 "seconds without progress after which the validation child counts as hung inside the HDF5 "
+                 "library (a clean error; 0: wait forever)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_flag("--knobs", o.knobs, "print every HK_* environment variable (values, default, current value) and exit");
   app.set_version_flag("--version", version_string());
   try {

@@ -33,16 +33,19 @@ struct LayerNormRows {
       }
       const T* xr = &x(r, 0);
       const T* bi = kBias ? &bias(0) : nullptr;
+      // Statistics of the row shifted by its first element: a constant row (or one with a large
+      // common offset) centres to exact zeros instead of to the rounding error of its mean.
+      const T shift = kBias ? xr[0] + bi[0] : xr[0];
       T sum = 0;
       Kokkos::parallel_reduce(
           Kokkos::ThreadVectorRange(m, D),
-          [&](int c, T& s) { s += kBias ? xr[c] + bi[c] : xr[c]; }, sum);
-      const T mean = sum / T(D);
+          [&](int c, T& s) { s += (kBias ? xr[c] + bi[c] : xr[c]) - shift; }, sum);
+      const T mean = sum / T(D);  // of the shifted row
       T sq = 0;
       Kokkos::parallel_reduce(
           Kokkos::ThreadVectorRange(m, D),
           [&](int c, T& s) {
-            const T v = (kBias ? xr[c] + bi[c] : xr[c]) - mean;
+            const T v = ((kBias ? xr[c] + bi[c] : xr[c]) - shift) - mean;
             s += v * v;
           },
           sq);
@@ -54,12 +57,12 @@ struct LayerNormRows {
         Kokkos::parallel_for(Kokkos::ThreadVectorRange(m, D), [&](int c) {
           const T v = xr[c] + bi[c];
           x(r, c) = v;
-          o[c] = (v - mean) * rstd * wp[c] + bp[c];
+          o[c] = ((v - shift) - mean) * rstd * wp[c] + bp[c];
         });
       } else {
         Kokkos::parallel_for(Kokkos::ThreadVectorRange(m, D), [&](int c) {
           const T v = kBias ? xr[c] + bi[c] : xr[c];
-          o[c] = (v - mean) * rstd * wp[c] + bp[c];
+          o[c] = ((v - shift) - mean) * rstd * wp[c] + bp[c];
         });
       }
     });

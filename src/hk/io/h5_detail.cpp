@@ -20,6 +20,11 @@ std::recursive_mutex& h5_mutex() {
 }
 
 void init() {
+  // Before the library's first use: no atexit handler of its own. Its handler closes files
+  // still open at exit, and after a failed close (a full disk) that second close crashes
+  // (libhdf5 1.10.8); every file hk opens is closed by its own handles.
+  static const bool no_atexit = [] { return H5dont_atexit() >= 0; }();
+  (void)no_atexit;
   // Per call, not once: in a thread-safe HDF5 build the automatic printing is per thread.
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
 }
@@ -467,6 +472,7 @@ Handle select_rows(hid_t dset, const std::vector<int64_t>& dims, int64_t b0, int
 namespace hk::io {
 std::string hdf5_library_version() {
   unsigned major = 0, minor = 0, release = 0;
+  detail::init();
   H5get_libversion(&major, &minor, &release);
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
 }
