@@ -23,6 +23,7 @@
 #include "hk/synthetic.hpp"
 #include "rownorm.cuh"
 #include "weights.hpp"
+#include "env_guard.hpp"
 
 namespace {
 
@@ -228,26 +229,7 @@ TEST(CudaRowNormLaunch, EveryWidthIsCoveredWithinTheRegisterBudget) {
   std::printf("widths 1..20000: %d warp, %d block, %d looping\n", warp, block, loop);
 }
 
-class EnvGuard {
- public:
-  explicit EnvGuard(const char* name) : name_(name) {
-    const char* v = std::getenv(name);
-    had_ = v != nullptr;
-    if (had_) old_ = v;
-  }
-  ~EnvGuard() {
-    if (had_) {
-      setenv(name_, old_.c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
+using hk::test::EnvGuard;
 
 TEST(CudaRoutes, EnvironmentKnobs) {
   EnvGuard g1("HK_GELU"), g2("HK_ATTENTION"), g3("HK_GRAPH"), g4("HK_CUDA_POISON");

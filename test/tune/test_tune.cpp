@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "env_guard.hpp"
 #include "hk/error.hpp"
 #include "hk/plan.hpp"
 #include "hk/tune/chooser.hpp"
@@ -55,26 +56,7 @@ class TempDir {
   std::string path_;
 };
 
-class EnvGuard {
- public:
-  explicit EnvGuard(const char* name) : name_(name) {
-    const char* v = std::getenv(name);
-    had_ = v != nullptr;
-    if (had_) old_ = v;
-  }
-  ~EnvGuard() {
-    if (had_) {
-      setenv(name_, old_.c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
+using hk::test::EnvGuard;
 
 hk::tune::DeviceIdentity gpu(const std::string& name = "NVIDIA H200", int sms = 132) {
   hk::tune::DeviceIdentity d;
