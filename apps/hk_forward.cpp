@@ -1,32 +1,44 @@
 // hk_forward: the transformer forward pass of MODEL.md on an HDF5 input (FORMAT.md), written
 // to an HDF5 output. Everything is validated before any compute; the input streams through in
-// batch chunks (the next chunk is read while the current one computes); the output appears
-// atomically only when the whole run succeeded.
+// batch chunks (a reader thread, the compute and a writer thread overlap: pipeline.hpp) with
+// bounded memory; under mpirun / srun (an MPI build) the ranks share the chunks and write one
+// file through parallel HDF5. The output appears atomically only when the whole run succeeded.
 //
 // Exit status: 0 success, 1 bad file / bad arguments / runtime failure (one line on stderr),
 // 2 command-line usage error, 130 interrupted.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <future>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "app_common.hpp"
+#include "host_buffers.hpp"
+#include "mpi_job.hpp"
+#include "pipeline.hpp"
 #include "validate_child.hpp"
 #include "hk/build_config.hpp"
 #include "hk/engine.hpp"
 #include "hk/error.hpp"
 #include "hk/io/io.hpp"
 #include "hk/tune/knobs.hpp"
+#if HK_HAVE_MPI
+#include "hk/io/parallel_output_file.hpp"
+#endif
 
 namespace {
 
@@ -37,14 +49,21 @@ struct Options {
   std::string precision = "fast";
   std::string backend = "auto";
   int device = 0;
+  bool device_given = false;
   int64_t batch_chunk = 0;  // 0: sized from the memory budget below
-  bool quiet = false, progress = false, explain = false, knobs = false;
+  std::string mem_cap;      // "" : the default budget
+  bool quiet = false, progress = false, explain = false, knobs = false, stats = false;
   bool no_fork_validate = false;
   int validate_timeout = 300;  // seconds without progress before the validation child counts as hung
 };
 
-// Activations of one chunk stay near this many bytes on the compute device by default.
-constexpr double kChunkBudgetBytes = 256.0 * (1 << 20);
+// Host memory a kokkos run may use for what grows with the chunk (chunk buffers, the engine's
+// activations, HDF5 chunk caches) when --mem-cap is not given. A constant, not a measurement of
+// free memory, so that the default chunk grid (and so the bits of every result) is the same on
+// every machine and for every rank count.
+constexpr double kDefaultHostCapBytes = 1024.0 * (1 << 20);
+// Device memory left to the CUDA runtime, cuBLASLt / cuDNN workspaces and graphs.
+constexpr double kDeviceReserveBytes = 1024.0 * (1 << 20);
 
 volatile std::sig_atomic_t g_interrupted = 0;
 extern "C" void on_signal(int sig) {
@@ -56,7 +75,7 @@ std::string version_string() {
   std::string names;
   for (const hk::Backend* b : hk::backends()) names += (names.empty() ? "" : ", ") + b->name();
   return std::string(kProgram) + " " + HK_VERSION + " (backends: " + names + "; HDF5 " + hk::io::hdf5_library_version() +
-         "; " + HK_BUILD_TYPE + ")";
+         "; MPI " + (HK_HAVE_MPI ? "yes" : "no") + "; " + HK_BUILD_TYPE + ")";
 }
 
 // The backend "auto" resolves to, for sizing the default chunk ("" when none is usable).
@@ -67,15 +86,99 @@ std::string resolved_backend(const std::string& requested) {
   return "";
 }
 
-// Sequences per chunk so that one chunk's working set stays near kChunkBudgetBytes: the
-// residual stream, LayerNorm output, q/k/v/o, projections and the FFN hidden layer per token,
-// plus the [H, S, S] score matrix on the host backend (which materialises it).
-int64_t default_batch_chunk(const hk::ModelConfig& c, int S, int64_t B, hk::Precision p, const std::string& backend) {
-  const double elt = p == hk::Precision::reference ? 8.0 : 4.0;
-  double per_seq = elt * double(S) * (16.0 * c.d_model + 2.0 * c.ffn_dim);
-  if (backend == "kokkos") per_seq += elt * double(c.n_heads) * S * S;
-  const int64_t n = int64_t(std::max(1.0, std::floor(kChunkBudgetBytes / per_seq)));
-  return std::min(n, B);
+// "64M", "1.5G", "4096" (K, M, G, T: powers of 1024; an optional trailing "B" or "iB").
+int64_t parse_bytes(const std::string& text) {
+  std::string t = text;
+  for (const char* suffix : {"iB", "ib", "B", "b"})
+    if (t.size() > std::strlen(suffix) && t.compare(t.size() - std::strlen(suffix), std::string::npos, suffix) == 0) {
+      t.resize(t.size() - std::strlen(suffix));
+      break;
+    }
+  double scale = 1;
+  if (!t.empty()) {
+    switch (t.back()) {
+      case 'k': case 'K': scale = 1024.0; break;
+      case 'm': case 'M': scale = 1024.0 * 1024; break;
+      case 'g': case 'G': scale = 1024.0 * 1024 * 1024; break;
+      case 't': case 'T': scale = 1024.0 * 1024 * 1024 * 1024; break;
+      default: break;
+    }
+    if (scale != 1) t.pop_back();
+  }
+  char* end = nullptr;
+  errno = 0;
+  const double v = t.empty() ? -1 : std::strtod(t.c_str(), &end);
+  if (errno != 0 || !end || *end != '\0' || !(v > 0) || v * scale > 9.0e18)
+    throw hk::Error("--mem-cap " + text + ": expected a positive size in bytes, e.g. 512M or 8G");
+  return int64_t(v * scale);
+}
+
+// Parameters of the model, for the device memory its weights take.
+double parameter_count(const hk::ModelConfig& c) {
+  const double D = c.d_model, F = c.ffn_dim;
+  return c.n_layers * (4.0 * D * D + 2.0 * D * F + 9.0 * D + F) + 2.0 * D;
+}
+
+struct ChunkSizing {
+  int64_t chunk = 1;
+  size_t cache_bytes = hk::io::kDefaultChunkCacheBytes;  // per HDF5 dataset (input x, output y)
+  std::string basis;                                     // how it was sized, for --explain / --stats
+};
+
+// The HDF5 chunk cache of each of x and y under a memory cap: a sixteenth of it, 1..64 MiB.
+size_t cache_bytes_for(double cap) {
+  if (cap <= 0) return hk::io::kDefaultChunkCacheBytes;
+  return size_t(std::clamp(cap / 16.0, 1024.0 * 1024.0, double(hk::io::kDefaultChunkCacheBytes)));
+}
+
+// Sequences per chunk. Host memory (kokkos: everything; cuda: the page-locked buffers and the
+// engine's staging): the pipeline's four chunk buffers, the engine's activations and the two
+// HDF5 chunk caches stay within the cap. Device memory (cuda): the activation arena within what
+// cudaMemGetInfo reports free, shared by the ranks on one GPU, less the weights and a reserve;
+// rounded down to a power of two so that small changes in free memory keep the same chunk.
+ChunkSizing size_chunks(const hk::ModelConfig& c, int S, int64_t B, bool x_half, hk::Precision p,
+                        const std::string& backend, double mem_cap, const hk::app::DeviceMemory& dev,
+                        int ranks_per_device) {
+  ChunkSizing z;
+  const double D = c.d_model, F = c.ffn_dim;
+  const double host_cap = mem_cap > 0 ? mem_cap : (backend == "cuda" ? 0.0 : kDefaultHostCapBytes);
+  z.cache_bytes = cache_bytes_for(mem_cap);
+  double host_per_seq = hk::app::pipeline_bytes_per_sequence(S, c.d_model) + (x_half ? 2.0 * S * D : 0.0);
+  if (backend == "cuda") {
+    host_per_seq += 2.0 * 4.0 * S * D + 4.0;  // the engine's page-locked staging of x and y
+  } else {
+    const double elt = p == hk::Precision::reference ? 8.0 : 4.0;
+    host_per_seq += elt * S * (8.0 * D + F) + (p == hk::Precision::reference ? 8.0 * S * D : 0.0);
+  }
+  int64_t chunk = B;
+  if (host_cap > 0) {
+    const double left = host_cap - 2.0 * double(z.cache_bytes);
+    const int64_t n = left > 0 ? int64_t(std::floor(left / host_per_seq)) : 0;
+    if (n < 1)
+      throw hk::Error("--mem-cap " + std::to_string(int64_t(host_cap)) + " bytes is too small: one sequence needs about " +
+                      std::to_string(int64_t(host_per_seq)) + " bytes plus " + std::to_string(2 * z.cache_bytes) +
+                      " of HDF5 chunk cache");
+    chunk = std::min<int64_t>(chunk, n);
+    z.basis = "host memory cap " + std::to_string(int64_t(host_cap)) + " bytes";
+  }
+  if (backend == "cuda") {
+    const double act = p == hk::Precision::fast ? 2.0 : 4.0;
+    const double dev_per_seq = 1.25 * S * (16.0 * D + act * (5.0 * D + F));
+    // Weights, and a second copy in the other GEMM layout that tuning may keep.
+    const double weights = 2.0 * act * parameter_count(c);
+    const double free = dev.known ? double(dev.free) / std::max(1, ranks_per_device) : 0.0;
+    const double budget = dev.known ? 0.8 * (free - weights - kDeviceReserveBytes) : 256.0 * (1 << 20);
+    int64_t n = int64_t(std::max(1.0, std::floor(budget / dev_per_seq)));
+    int64_t pow2 = 1;
+    while (pow2 * 2 <= n) pow2 *= 2;
+    chunk = std::min(chunk, pow2);
+    z.basis += std::string(z.basis.empty() ? "" : ", ") +
+               (dev.known ? "device memory free " + std::to_string(dev.free) + " bytes / " +
+                                std::to_string(std::max(1, ranks_per_device)) + " rank(s)"
+                          : "device memory unknown (256 MiB assumed)");
+  }
+  z.chunk = std::max<int64_t>(1, std::min<int64_t>(chunk, std::numeric_limits<int>::max() / std::max(1, S)));
+  return z;
 }
 
 std::string human(double v) {
@@ -96,12 +199,14 @@ std::string clock_string(double seconds) {
 }
 
 // Progress on stderr: a bar redrawn in place (at most every 0.1 s) on a terminal, otherwise
-// (--progress into a log) one line per second.
+// (--progress into a log) one line per second. Tokens/s, the share of the wall time each stage
+// was busy (they overlap: compute near 100% means the I/O is hidden) and the ETA. In a job of
+// several ranks rank 0 draws it from its own chunks (the chunks are dealt round robin).
 class Progress {
  public:
   Progress(bool enabled, int64_t total_tokens)
       : enabled_(enabled), tty_(::isatty(STDERR_FILENO) == 1), total_(total_tokens) {}
-  void update(int64_t done, double elapsed) {
+  void update(int64_t done, double elapsed, const hk::app::PipelineStats& st) {
     if (!enabled_) return;
     if (done < total_ && elapsed - last_ < (tty_ ? 0.1 : 1.0)) return;
     last_ = elapsed;
@@ -109,10 +214,12 @@ class Progress {
     const int width = 30, fill = int(frac * width);
     const double rate = elapsed > 0 ? double(done) / elapsed : 0.0;
     const double eta = rate > 0 ? double(total_ - done) / rate : 0.0;
-    std::fprintf(stderr, "%s%3d%% [%s%s] %s/%s tokens  %s tokens/s  ETA %s%s", tty_ ? "\r" : "", int(frac * 100.0),
-                 std::string(size_t(fill), '#').c_str(), std::string(size_t(width - fill), '.').c_str(),
-                 human(double(done)).c_str(), human(double(total_)).c_str(), human(rate).c_str(),
-                 clock_string(eta).c_str(), tty_ ? " " : "\n");
+    auto pct = [&](double busy) { return elapsed > 0 ? int(std::lround(std::min(100.0, 100.0 * busy / elapsed))) : 0; };
+    std::fprintf(stderr, "%s%3d%% [%s%s] %s/%s tokens  %s tokens/s  read %d%% compute %d%% write %d%%  ETA %s%s",
+                 tty_ ? "\r" : "", int(frac * 100.0), std::string(size_t(fill), '#').c_str(),
+                 std::string(size_t(width - fill), '.').c_str(), human(double(done)).c_str(),
+                 human(double(total_)).c_str(), human(rate).c_str(), pct(st.read_s), pct(st.compute_s),
+                 pct(st.write_s), clock_string(eta).c_str(), tty_ ? " " : "\n");
     std::fflush(stderr);
     drawn_ = tty_;
   }
@@ -129,115 +236,268 @@ class Progress {
 };
 
 // The first non-finite element of y [nb, S, D], as "[b, s, d]", or "".
-std::string first_nonfinite(const std::vector<float>& y, int64_t n, int64_t b0, int S, int D) {
+std::string first_nonfinite(const float* y, int64_t n, int64_t b0, int S, int D) {
   for (int64_t i = 0; i < n; ++i)
-    if (!std::isfinite(y[size_t(i)])) {
+    if (!std::isfinite(y[i])) {
       const int64_t per = int64_t(S) * D;
       return "[" + std::to_string(b0 + i / per) + ", " + std::to_string((i / D) % S) + ", " + std::to_string(i % D) + "]";
     }
   return "";
 }
 
-int run(const Options& o) {
+// Peak resident set size of this process (VmHWM of /proc/self/status), in KiB; -1 if unknown.
+int64_t peak_rss_kib() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::atoll(line.c_str() + 6);
+  return -1;
+}
+
+// The output file of a run: one process (OutputFile) or the ranks of an MPI job together.
+class Output {
+ public:
+  Output(const std::string& path, int64_t B, int S, int D, size_t cache_bytes, const hk::app::Job& job) {
+#if HK_HAVE_MPI
+    if (job.size() > 1) {
+      par_ = std::make_unique<hk::io::ParallelOutputFile>(path, B, S, D, job.comm());
+      return;
+    }
+#else
+    (void)job;
+#endif
+    ser_ = std::make_unique<hk::io::OutputFile>(path, B, S, D, cache_bytes);
+  }
+  void set_attribute(const std::string& name, const std::string& value) {
+#if HK_HAVE_MPI
+    if (par_) return par_->set_attribute(name, value);
+#endif
+    ser_->set_attribute(name, value);
+  }
+  void write(int64_t b0, int64_t nb, const float* y) {
+#if HK_HAVE_MPI
+    if (par_) return par_->write(b0, nb, y);
+#endif
+    ser_->write(b0, nb, y);
+  }
+  void commit() {
+#if HK_HAVE_MPI
+    if (par_) return par_->commit();
+#endif
+    ser_->commit();
+  }
+  // Removes the temporary file now (a rank about to abort the job).
+  void discard() noexcept {
+#if HK_HAVE_MPI
+    if (par_) par_->discard();
+#endif
+  }
+
+ private:
+  std::unique_ptr<hk::io::OutputFile> ser_;
+#if HK_HAVE_MPI
+  std::unique_ptr<hk::io::ParallelOutputFile> par_;
+#endif
+};
+
+// Everything hk_forward does after the arguments are parsed. Setup failures are agreed between
+// the ranks (one error line, every rank exits 1); once the output file exists a failing rank
+// prints its error, removes the temporary file and aborts the job.
+int run(const Options& o, int* argc, char*** argv) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
-  const std::string input = o.input.empty() ? hk::app::find_data_file("sample.h5") : o.input;
-  const std::string model_path = o.model.empty() ? input : o.model;
-  const std::string output = o.output.empty() ? "hk_out.h5" : o.output;
-  if (hk::app::same_file(output, input) || hk::app::same_file(output, model_path))
-    throw hk::Error(output + ": /: expected an output path other than the input and model files, found the same file");
-  const hk::Precision precision = hk::precision_from_string(o.precision);
+  std::string input = o.input, model_path, output = o.output.empty() ? "hk_out.h5" : o.output;
+  double mem_cap = 0;
 
   // ---- reliability: validate in a forked child first, so that a crash inside libhdf5 on a
-  // crafted file becomes a clean error here (validate_child.hpp). No thread exists yet.
-  if (!o.no_fork_validate) hk::app::validate_in_child(model_path, input, o.validate_timeout);
+  // crafted file becomes a clean error here (validate_child.hpp). No thread exists yet, and MPI
+  // is not initialised: its runtime starts threads, and fork after MPI_Init is unsafe. The
+  // ranks of a job (as the launcher numbers them) split the reading of x.
+  std::string setup_error;
+  const hk::app::LaunchInfo launch = hk::app::launch_info();
+  try {
+    if (input.empty()) input = hk::app::find_data_file("sample.h5");
+    model_path = o.model.empty() ? input : o.model;
+    if (!o.mem_cap.empty()) mem_cap = double(parse_bytes(o.mem_cap));
+    if (hk::app::same_file(output, input) || hk::app::same_file(output, model_path))
+      throw hk::Error(output + ": /: expected an output path other than the input and model files, found the same file");
+    if (!o.no_fork_validate) {
+      const bool split = launch.rank >= 0 && launch.size > 0;
+      hk::app::validate_in_child(model_path, input, o.validate_timeout, split ? launch.rank : 0,
+                                 split ? launch.size : 1, mem_cap > 0 ? size_t(mem_cap) : size_t(256) << 20);
+    }
+  } catch (const hk::Error& e) {
+    setup_error = e.what();
+  }
   // ---- end of the child validation
 
+  hk::app::Job job(argc, argv);
+  auto agree = [&](const std::string& err) {
+    const bool stop = g_interrupted || err == "interrupted";
+    const std::string first = job.agree(stop ? "interrupted; no output written" : err, kProgram);
+    if (!first.empty()) throw hk::app::AgreedFailure{first.rfind("interrupted", 0) == 0 ? 130 : 1};
+  };
+  agree(setup_error);
+
   // Validation: the whole model, the input's shapes, types and lengths (x is checked per chunk).
-  const hk::Model model = hk::io::read_model(model_path);
-  hk::io::InputFile in(input, model.config);
-  const int64_t B = in.batch();
-  const int S = in.seq_len(), D = in.d_model();
-  const std::string backend_name = resolved_backend(o.backend);
-  const int64_t chunk = o.batch_chunk > 0 ? std::min<int64_t>(o.batch_chunk, B)
-                                          : default_batch_chunk(model.config, S, B, precision, backend_name);
-  if (chunk > std::numeric_limits<int>::max())
-    throw hk::Error("--batch-chunk " + std::to_string(chunk) + " is too large (at most 2^31-1 sequences)");
+  std::unique_ptr<hk::Model> model;
+  std::unique_ptr<hk::io::InputFile> in;
+  ChunkSizing sizing;
+  std::string backend_name;
+  int device = o.device;
+  try {
+    model = std::make_unique<hk::Model>(hk::io::read_model(model_path));
+    sizing.cache_bytes = cache_bytes_for(mem_cap);
+    in = std::make_unique<hk::io::InputFile>(input, model->config, sizing.cache_bytes);
+    backend_name = resolved_backend(o.backend);
+    hk::app::DeviceMemory dev;
+    int ranks_per_device = 1;
+    if (backend_name == "cuda") {
+      // One GPU per rank of a node, round robin (CUDA_VISIBLE_DEVICES set per rank gives 1 GPU each).
+      const int gpus = hk::app::cuda_device_count();
+      if (!o.device_given && job.mpi() && gpus > 0) device = job.local_rank() % gpus;
+      if (gpus > 0) ranks_per_device = (job.local_size() + gpus - 1) / gpus;
+      dev = hk::app::device_memory(device);
+    }
+    sizing = size_chunks(model->config, in->seq_len(), in->batch(), in->x_type() == hk::io::DType::float16,
+                         hk::precision_from_string(o.precision), backend_name, mem_cap, dev, ranks_per_device);
+    if (o.batch_chunk > 0) {
+      sizing.chunk = std::min<int64_t>(o.batch_chunk, in->batch());
+      sizing.basis = "--batch-chunk";
+    }
+    if (sizing.chunk > std::numeric_limits<int>::max())
+      throw hk::Error("--batch-chunk " + std::to_string(sizing.chunk) + " is too large (at most 2^31-1 sequences)");
+    // The ranks create the output together; a directory they cannot write is found here, before
+    // anything collective, so that it is one clean error.
+    if (job.size() > 1 && job.rank() == 0 && !o.explain) {
+      std::filesystem::path dir = std::filesystem::path(output).parent_path();
+      if (dir.empty()) dir = ".";
+      if (::access(dir.c_str(), W_OK | X_OK) != 0)
+        throw hk::Error(output + ": /: cannot create the temporary output file in " + dir.string() + " (" +
+                        std::strerror(errno) + ")");
+    }
+  } catch (const std::bad_alloc&) {
+    setup_error = "out of memory (a smaller --batch-chunk needs less)";
+  } catch (const std::exception& e) {
+    setup_error = e.what();
+  }
+  agree(setup_error);
+  // One chunk grid for the whole job: the smallest any rank can hold (the same on every rank for
+  // --batch-chunk and for a memory cap; free device memory may differ between GPUs).
+  const int64_t chunk = job.min(sizing.chunk);
+  const int64_t B = in->batch();
+  const int S = in->seq_len(), D = in->d_model();
+  const hk::app::ChunkGrid grid{B, chunk, job.rank(), job.size()};
 
-  hk::EngineOptions eo;
-  eo.backend = o.backend;
-  eo.precision = precision;
-  eo.max_batch = int(chunk);
-  eo.seq_len = S;
-  eo.device = o.device;
-  std::unique_ptr<hk::Engine> engine = hk::make_engine(model, eo);
+  std::unique_ptr<hk::Engine> engine;
+  try {
+    hk::EngineOptions eo;
+    eo.backend = o.backend;
+    eo.precision = hk::precision_from_string(o.precision);
+    eo.max_batch = int(chunk);
+    eo.seq_len = S;
+    eo.device = device;
+    engine = hk::make_engine(*model, eo);
+  } catch (const std::bad_alloc&) {
+    setup_error = "out of memory creating the engine (a smaller --batch-chunk needs less)";
+  } catch (const std::exception& e) {
+    setup_error = e.what();
+  }
+  agree(setup_error);
 
-  const int64_t n_chunks = (B + chunk - 1) / chunk;
+  const int64_t n_chunks = grid.chunks();
   if (o.explain) {
-    std::printf("%s: %s x [%lld, %d, %d] with %s (D=%d H=%d F=%d L=%d causal=%d), %lld chunk(s) of <= %lld sequences\n",
-                kProgram, input.c_str(), (long long)B, S, D, model_path.c_str(), model.config.d_model,
-                model.config.n_heads, model.config.ffn_dim, model.config.n_layers, int(model.config.causal),
-                (long long)n_chunks, (long long)chunk);
-    std::printf("backend %s, device %s, precision %s\n", engine->backend().c_str(), engine->device().c_str(),
-                hk::to_string(engine->precision()));
-    std::printf("%s", engine->explain(int(chunk)).c_str());
+    if (job.rank() == 0) {
+      std::printf("%s: %s x [%lld, %d, %d] with %s (D=%d H=%d F=%d L=%d causal=%d), %lld chunk(s) of <= %lld sequences "
+                  "(%s)%s\n",
+                  kProgram, input.c_str(), (long long)B, S, D, model_path.c_str(), model->config.d_model,
+                  model->config.n_heads, model->config.ffn_dim, model->config.n_layers, int(model->config.causal),
+                  (long long)n_chunks, (long long)chunk, sizing.basis.empty() ? "whole batch" : sizing.basis.c_str(),
+                  job.size() > 1 ? (", " + std::to_string(job.size()) + " ranks").c_str() : "");
+      std::printf("backend %s, device %s, precision %s\n", engine->backend().c_str(), engine->device().c_str(),
+                  hk::to_string(engine->precision()));
+      std::printf("%s", engine->explain(int(chunk)).c_str());
+    }
     return 0;
   }
+  const bool pinned = engine->backend() == "cuda";
+  model.reset();  // the engine holds its own copy of the weights
 
-  hk::io::OutputFile out(output, B, S, D);
-  out.set_attribute("precision", hk::to_string(engine->precision()));
-  out.set_attribute("backend", engine->backend());
-  out.set_attribute("device", engine->device());
-  out.set_attribute("program", std::string(kProgram) + " " + HK_VERSION);
-  out.set_attribute("version", HK_VERSION);
-  out.set_attribute("input_file", input);
-  out.set_attribute("model_file", model_path);
-  out.set_attribute("batch_chunk", std::to_string(chunk));
-
-  // Two input buffers: chunk k + 1 is read on another thread while chunk k computes. The
-  // buffers outlive the future, whose destructor waits for a read still in flight.
-  const size_t chunk_elems = size_t(chunk) * size_t(S) * size_t(D);
-  std::vector<float> x[2] = {std::vector<float>(chunk_elems), std::vector<float>(n_chunks > 1 ? chunk_elems : 0)};
-  std::vector<int32_t> lengths[2] = {std::vector<int32_t>(size_t(chunk)), std::vector<int32_t>(size_t(chunk))};
-  std::vector<float> y(chunk_elems);
-  const bool has_lengths = in.has_lengths();
-  auto read_chunk = [&](int64_t k) {
-    const int64_t b0 = k * chunk, nb = std::min(chunk, B - b0);
-    in.read(b0, nb, x[k % 2].data(), lengths[k % 2].data());
+  // From here on a rank's failure ends the whole job (its peers may wait in a collective call).
+  std::unique_ptr<Output> out;
+  auto fatal = [&](const std::string& what) {
+    if (out) out->discard();
+    job.abort(kProgram, g_interrupted ? "interrupted; no output written" : what, g_interrupted ? 130 : 1);
   };
-
-  Progress progress(n_chunks > 1 && (o.progress || (!o.quiet && ::isatty(STDERR_FILENO))), B * S);
-  double compute_s = 0.0;
+  hk::app::PipelineStats st;
+  Progress progress(job.rank() == 0 && n_chunks > 1 && (o.progress || (!o.quiet && ::isatty(STDERR_FILENO))), B * S);
   const auto t_loop = clock::now();
-  std::future<void> pending = std::async(std::launch::async, read_chunk, int64_t(0));
-  for (int64_t k = 0; k < n_chunks; ++k) {
-    pending.get();  // rethrows a read or validation failure of chunk k
-    if (k + 1 < n_chunks) pending = std::async(std::launch::async, read_chunk, k + 1);
-    if (g_interrupted) throw hk::Error("interrupted");
-    const int64_t b0 = k * chunk, nb = std::min(chunk, B - b0);
-    const auto tc = clock::now();
-    engine->forward(x[k % 2].data(), has_lengths ? lengths[k % 2].data() : nullptr, int(nb), y.data());
-    compute_s += std::chrono::duration<double>(clock::now() - tc).count();
-    // MODEL.md: a finite input never yields NaN/Inf. Refuse to write one rather than pass it on.
-    const std::string bad = first_nonfinite(y, nb * S * D, b0, S, D);
-    if (!bad.empty())
-      throw hk::Error(output + ": /output/y: backend " + engine->backend() + " produced a non-finite value at " + bad +
-                      " from a finite input (a bug; nothing was written)");
-    out.write(b0, nb, y.data());
-    progress.update((b0 + nb) * S, std::chrono::duration<double>(clock::now() - t_loop).count());
+  try {
+    out = std::make_unique<Output>(output, B, S, D, sizing.cache_bytes, job);
+    out->set_attribute("precision", hk::to_string(engine->precision()));
+    out->set_attribute("backend", engine->backend());
+    out->set_attribute("device", engine->device());
+    out->set_attribute("program", std::string(kProgram) + " " + HK_VERSION);
+    out->set_attribute("version", HK_VERSION);
+    out->set_attribute("input_file", input);
+    out->set_attribute("model_file", model_path);
+    out->set_attribute("batch_chunk", std::to_string(chunk));
+    out->set_attribute("ranks", std::to_string(job.size()));
+
+    const bool has_lengths = in->has_lengths();
+    const int64_t local_tokens = std::max<int64_t>(1, [&] {
+      int64_t t = 0;
+      for (int64_t i = 0; i < grid.local_chunks(); ++i) t += grid.rows(grid.global_index(i));
+      return t;
+    }() * S);
+    hk::app::PipelineStages stages;
+    stages.read = [&](int64_t b0, int64_t nb, float* x, int32_t* lengths) { in->read(b0, nb, x, lengths); };
+    stages.compute = [&](int64_t b0, int64_t nb, const float* x, const int32_t* lengths, float* y) {
+      engine->forward(x, has_lengths ? lengths : nullptr, int(nb), y);
+      // MODEL.md: a finite input never yields NaN/Inf. Refuse to write one rather than pass it on.
+      const std::string bad = first_nonfinite(y, nb * S * D, b0, S, D);
+      if (!bad.empty())
+        throw hk::Error(output + ": /output/y: backend " + engine->backend() + " produced a non-finite value at " + bad +
+                        " from a finite input (a bug; nothing was written)");
+    };
+    stages.write = [&](int64_t b0, int64_t nb, const float* y) { out->write(b0, nb, y); };
+    stages.progress = [&](const hk::app::PipelineStats& s) {
+      // Rank 0's share of the job stands for the whole (round robin keeps the ranks level).
+      const int64_t done = int64_t(double(s.sequences_done) * S / double(local_tokens) * double(B * S));
+      progress.update(std::min(done, B * S), std::chrono::duration<double>(clock::now() - t_loop).count(), s);
+    };
+    stages.interrupted = [] { return g_interrupted != 0; };
+    if (job.mpi()) stages.fatal = fatal;
+    st = hk::app::run_pipeline(grid, S, D, pinned, stages);
+    out->commit();
+  } catch (const std::bad_alloc&) {
+    if (job.mpi()) fatal("out of memory (a smaller --batch-chunk or --mem-cap needs less)");
+    throw;
+  } catch (const std::exception& e) {
+    if (job.mpi()) fatal(e.what());
+    throw;
   }
-  out.commit();
   progress.finish();
 
   const double total_s = std::chrono::duration<double>(clock::now() - t0).count();
-  if (!o.quiet) {
+  const double compute_max = job.max(st.compute_s);
+  if (!o.quiet && job.rank() == 0) {
     const double tokens = double(B) * S;
-    std::printf("%s: %s tokens (B=%lld, S=%d) in %.3f s (%s tokens/s; compute %.3f s, %s tokens/s), backend %s, "
-                "device %s, precision %s -> %s\n",
-                kProgram, human(tokens).c_str(), (long long)B, S, total_s, human(tokens / total_s).c_str(), compute_s,
-                human(compute_s > 0 ? tokens / compute_s : 0.0).c_str(), engine->backend().c_str(),
-                engine->device().c_str(), hk::to_string(engine->precision()), output.c_str());
+    std::printf("%s: %s tokens (B=%lld, S=%d) in %.3f s (%s tokens/s; compute %.3f s, %s tokens/s; read %.3f s, "
+                "write %.3f s), backend %s, device %s, precision %s%s -> %s\n",
+                kProgram, human(tokens).c_str(), (long long)B, S, total_s, human(tokens / total_s).c_str(), compute_max,
+                human(compute_max > 0 ? tokens / compute_max : 0.0).c_str(), st.read_s, st.write_s,
+                engine->backend().c_str(), engine->device().c_str(), hk::to_string(engine->precision()),
+                job.size() > 1 ? (", " + std::to_string(job.size()) + " ranks").c_str() : "", output.c_str());
   }
+  if (o.stats) {
+    std::printf("%s: stats: rank=%d ranks=%d chunk=%lld chunks=%lld local_chunks=%lld mem_cap=%lld "
+                "peak_rss_kib=%lld read_s=%.3f compute_s=%.3f write_s=%.3f wall_s=%.3f\n",
+                kProgram, job.rank(), job.size(), (long long)chunk, (long long)n_chunks,
+                (long long)grid.local_chunks(), (long long)mem_cap, (long long)peak_rss_kib(), st.read_s, st.compute_s,
+                st.write_s, total_s);
+  }
+  std::fflush(stdout);
   return 0;
 }
 
@@ -257,9 +517,20 @@ int main(int argc, char** argv) {
   app.add_option("--backend", o.backend, "auto (cuda when a GPU is usable, else kokkos), kokkos or cuda")
       ->check(CLI::IsMember({"auto", "kokkos", "cuda"}))
       ->capture_default_str();
-  app.add_option("--device", o.device, "GPU ordinal for the cuda backend")->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--batch-chunk", o.batch_chunk, "sequences per chunk (default: sized to ~256 MiB of activations)")
+  app.add_option("--device", o.device,
+                 "GPU ordinal for the cuda backend (default 0; under mpirun / srun: the node-local rank modulo "
+                 "the GPUs visible)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--batch-chunk,--chunk", o.batch_chunk,
+                 "sequences per chunk (default: sized from memory: kokkos within a host cap of 1 GiB or --mem-cap; "
+                 "cuda within the free device memory); the same chunk gives the same bits whatever the rank count")
       ->check(CLI::PositiveNumber);
+  app.add_option("--mem-cap", o.mem_cap,
+                 "host memory (bytes; K, M, G suffixes) for what grows with the chunk: chunk buffers, the kokkos "
+                 "engine's activations, HDF5 chunk caches; the chunk is sized to fit (per rank)");
+  app.add_flag("--stats", o.stats,
+               "print a line of statistics per rank on stdout: chunking, peak resident memory (VmHWM), busy "
+               "time of read, compute and write");
   app.add_flag("--quiet", o.quiet, "no summary line (errors are still printed)");
   app.add_flag("--progress", o.progress, "show the progress bar even when stderr is not a terminal");
   app.add_flag("--explain", o.explain,
@@ -286,10 +557,13 @@ int main(int argc, char** argv) {
     std::printf("%s", hk::tune::describe_knobs().c_str());
     return 0;
   }
+  o.device_given = app.count("--device") > 0;
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   try {
-    return run(o);
+    return run(o, &argc, &argv);
+  } catch (const hk::app::AgreedFailure& f) {
+    return f.code;  // already reported, once for the whole job
   } catch (const hk::Error& e) {
     if (g_interrupted) {
       hk::app::report_error(kProgram, "interrupted; no output written");

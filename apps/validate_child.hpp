@@ -42,7 +42,8 @@ inline void pipe_write(int fd, const std::string& s) {
 // The child's work. Protocol, one record per line: "open <file>" before each file is touched
 // (so a crash can be attributed), then "ok", "error <message>" or "skip" (a failure that is
 // not a file error, such as out of memory: the parent then meets it itself and reports it).
-[[noreturn]] inline void validate_and_exit(int fd, const std::string& model_path, const std::string& input) {
+[[noreturn]] inline void validate_and_exit(int fd, const std::string& model_path, const std::string& input, int part,
+                                           int parts, size_t buffer_bytes) {
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
   int status = 0;
@@ -50,14 +51,18 @@ inline void pipe_write(int fd, const std::string& s) {
     pipe_write(fd, "open " + model_path + "\n");
     const Model model = io::read_model(model_path);
     pipe_write(fd, "open " + input + "\n");
-    io::InputFile in(input, model.config);
-    // Bounded buffer (~64 MiB of x) whatever the input's size.
+    // The HDF5 chunk cache and the x buffer share the memory bound.
+    io::InputFile in(input, model.config, std::max<size_t>(size_t(1) << 20, buffer_bytes / 4));
     const int64_t per_seq = int64_t(in.seq_len()) * in.d_model();
-    const int64_t step = std::max<int64_t>(1, (int64_t(16) << 20) / std::max<int64_t>(1, per_seq));
-    const int64_t nb_max = std::min(step, in.batch());
+    const int64_t step = std::max<int64_t>(1, int64_t(buffer_bytes / 2 / 6) / std::max<int64_t>(1, per_seq));
+    // At most a part's share per block, so that every part gets blocks to read.
+    const int64_t nb_max = std::min(step, (in.batch() + parts - 1) / parts);
     std::vector<float> x(size_t(nb_max * per_seq));
     std::vector<int32_t> len(static_cast<size_t>(nb_max));
-    for (int64_t b0 = 0; b0 < in.batch(); b0 += nb_max) {
+    // Blocks j with j % parts == part: the ranks of a job share the reading of x.
+    int64_t j = 0;
+    for (int64_t b0 = 0; b0 < in.batch(); b0 += nb_max, ++j) {
+      if (j % parts != part) continue;
       in.read(b0, std::min(nb_max, in.batch() - b0), x.data(), len.data());
       pipe_write(fd, "p\n");  // progress: a long input is not a hang
     }
@@ -84,7 +89,15 @@ inline void pipe_write(int fd, const std::string& s) {
 // on some crafted files), or "interrupted" when it was stopped by SIGINT/SIGTERM. Returns
 // normally when the files are valid (or the check could not run, in which case the parent's own
 // validation reports the problem).
-inline void validate_in_child(const std::string& model_path, const std::string& input, int stall_seconds = 0) {
+// The processes of a job split x between them: this one checks blocks `part`, `part + parts`, ...
+// (the model, shapes and lengths are checked whole by each). `buffer_bytes` bounds the child's
+// memory for x (buffer, float16 staging and HDF5 chunk cache).
+inline void validate_in_child(const std::string& model_path, const std::string& input, int stall_seconds = 0,
+                              int part = 0, int parts = 1, size_t buffer_bytes = size_t(256) << 20) {
+  if (parts < 1 || part < 0 || part >= parts) {
+    part = 0;
+    parts = 1;
+  }
   int fds[2];
   if (::pipe(fds) != 0) return;  // no pipe: validate in-process only
   const pid_t pid = ::fork();
@@ -95,7 +108,7 @@ inline void validate_in_child(const std::string& model_path, const std::string& 
   }
   if (pid == 0) {
     ::close(fds[0]);
-    detail::validate_and_exit(fds[1], model_path, input);
+    detail::validate_and_exit(fds[1], model_path, input, part, parts, buffer_bytes);
   }
   ::close(fds[1]);
   std::string msg;

@@ -34,9 +34,12 @@ install(TARGETS ${_hk_exported} EXPORT hkTargets
 install(EXPORT hkTargets NAMESPACE hk:: DESTINATION ${HK_INSTALL_CMAKEDIR})
 
 # ---- headers ---------------------------------------------------------------------------------------
-# *_detail.hpp are internal to their directory (h5_detail.hpp is the one header that includes hdf5.h).
+# *_detail.hpp are internal to their directory (h5_detail.hpp is the one header that includes hdf5.h),
+# and so is parallel_output_file.hpp (MPI-IO; its library is not installed).
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/src/hk/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/hk
-        FILES_MATCHING PATTERN "*.hpp" PATTERN "*_detail.hpp" EXCLUDE)
+        FILES_MATCHING PATTERN "*.hpp" PATTERN "*_detail.hpp" EXCLUDE
+        # the MPI-IO writer includes mpi.h and its library (hk_io_mpi) is internal to the tools
+        PATTERN "parallel_output_file.hpp" EXCLUDE)
 install(FILES ${PROJECT_BINARY_DIR}/include/hk/build_config.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/hk)
 install(FILES ${PROJECT_SOURCE_DIR}/backends/kokkos/backend.hpp
         DESTINATION ${HK_INSTALL_BACKEND_INCLUDEDIR}/kokkos)

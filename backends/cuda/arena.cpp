@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdio>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -33,15 +35,42 @@ ActivationLayout activation_layout(const ModelConfig& c, int max_batch, int seq_
   l.y[1] = take(T * D * 4);
   l.lengths_in = take(size_t(max_batch) * 4);
   l.lengths_full = take(size_t(max_batch) * 4);
+  l.seq_start = take((size_t(max_batch) + 1) * 4);
+  l.row_dst = take(T * 4);
+  l.pack_flag = take(4);
   l.workspace_bytes = workspace_bytes;
   l.workspace = take(workspace_bytes);
   l.total = at;
   return l;
 }
 
+namespace {
+std::string gib(size_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f GiB", double(bytes) / double(size_t(1) << 30));
+  return b;
+}
+// cudaMalloc / cudaMallocHost with a one-line error naming what could not be allocated; a failed
+// allocation's error is cleared so that later CUDA calls of the process do not report it again.
+}  // namespace
+
+void allocate(void** p, size_t bytes, bool pinned, const char* what) {
+  const cudaError_t e = pinned ? cudaMallocHost(p, bytes) : cudaMalloc(p, bytes);
+  if (e == cudaSuccess) return;
+  cudaGetLastError();
+  *p = nullptr;
+  std::string msg = std::string(what) + ": cannot allocate " + gib(bytes) + (pinned ? " of pinned host memory" : " on the device") +
+                    " (" + cudaGetErrorString(e);
+  size_t free_b = 0, total_b = 0;
+  if (!pinned && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) msg += "; " + gib(free_b) + " free of " + gib(total_b);
+  cudaGetLastError();
+  throw CudaError(msg + ")");
+}
+
 DeviceArena::DeviceArena(const ActivationLayout& layout, int max_batch, int seq_len, bool poison)
     : layout_(layout) {
-  HK_CUDA_CHECK(cudaMalloc(&base_, layout.total));
+  const std::string what = "activation arena for " + std::to_string(max_batch) + " x " + std::to_string(seq_len) + " tokens";
+  allocate(&base_, layout.total, false, what.c_str());
   try {
     HK_CUDA_CHECK(cudaMemset(base_, poison ? 0xFF : 0, layout.total));
     std::vector<int32_t> full(size_t(max_batch), seq_len);
@@ -57,6 +86,9 @@ DeviceArena::DeviceArena(const ActivationLayout& layout, int max_batch, int seq_
     buf_.y[1] = reinterpret_cast<float*>(b + layout.y[1]);
     buf_.lengths_in = reinterpret_cast<int32_t*>(b + layout.lengths_in);
     buf_.lengths_full = reinterpret_cast<int32_t*>(b + layout.lengths_full);
+    buf_.seq_start = reinterpret_cast<int32_t*>(b + layout.seq_start);
+    buf_.row_dst = reinterpret_cast<int32_t*>(b + layout.row_dst);
+    buf_.pack_flag = reinterpret_cast<int32_t*>(b + layout.pack_flag);
     buf_.workspace = b + layout.workspace;
   } catch (...) {
     cudaFree(base_);
@@ -67,7 +99,7 @@ DeviceArena::DeviceArena(const ActivationLayout& layout, int max_batch, int seq_
 DeviceArena::~DeviceArena() { cudaFree(base_); }
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : n_(bytes) {
-  if (bytes) HK_CUDA_CHECK(cudaMalloc(&p_, bytes));
+  if (bytes) allocate(&p_, bytes, false, "device buffer");
 }
 DeviceBuffer::~DeviceBuffer() {
   if (p_) cudaFree(p_);
@@ -79,7 +111,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 }
 
 PinnedBuffer::PinnedBuffer(size_t bytes) : n_(bytes) {
-  if (bytes) HK_CUDA_CHECK(cudaMallocHost(&p_, bytes));
+  if (bytes) allocate(&p_, bytes, true, "pinned staging buffer");
 }
 PinnedBuffer::~PinnedBuffer() {
   if (p_) cudaFreeHost(p_);

@@ -24,6 +24,9 @@ struct ActivationLayout {
   size_t y[2] = {0, 0}; // fp32 [T, D]  alternating outputs
   size_t lengths_in = 0;    // int32 [max_batch]  the host path's upload of lengths
   size_t lengths_full = 0;  // int32 [max_batch]  all S (lengths absent)
+  size_t seq_start = 0;     // int32 [max_batch + 1]  packed layout: first row of each sequence, then T
+  size_t row_dst = 0;       // int32 [T]  packed layout: the padded row of each packed row (-1: none)
+  size_t pack_flag = 0;     // int32  set by the packing kernel when the valid tokens exceed the plan's rows
   size_t workspace = 0;     // cuBLASLt workspace
   size_t workspace_bytes = 0;
   size_t total = 0;
@@ -41,8 +44,15 @@ struct Activations {
   float* y[2];
   int32_t* lengths_in;
   int32_t* lengths_full;
+  int32_t* seq_start;
+  int32_t* row_dst;
+  int32_t* pack_flag;
   void* workspace;
 };
+
+// cudaMalloc (or cudaMallocHost when pinned) of `bytes`, or a CudaError naming `what`, the size
+// and the free device memory; the failed call's error is cleared (nothing sticky is left behind).
+void allocate(void** p, size_t bytes, bool pinned, const char* what);
 
 class DeviceArena {
  public:

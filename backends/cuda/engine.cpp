@@ -30,6 +30,7 @@
 #include "hk/tune/fingerprint.hpp"
 #include "hk/tune/knobs.hpp"
 #include "hk/tune/plan_choice.hpp"
+#include "attention_materialized.cuh"
 #include "rownorm.cuh"
 #include "tune_cuda.hpp"
 #include "weights.hpp"
@@ -47,6 +48,12 @@
 #endif
 #if HK_CUDA_HAVE_QKV_ATTENTION_FUSED
 #include "qkv_attention_fused.cuh"
+#endif
+#ifndef HK_CUDA_HAVE_MODEL_PERSISTENT
+#define HK_CUDA_HAVE_MODEL_PERSISTENT 0
+#endif
+#if HK_CUDA_HAVE_MODEL_PERSISTENT
+#include "model_persistent.cuh"
 #endif
 
 namespace hk::cuda {
@@ -71,6 +78,16 @@ auto translate(const char* what, F&& f) -> decltype(f()) {
   }
 }
 
+// Host memory registered with or allocated by CUDA (copies from it can be asynchronous).
+bool is_page_locked(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
+}
+
 // What one kernel invocation of the plan reads and writes beyond the engine's arena.
 struct Ctx {
   cudaStream_t stream;
@@ -87,10 +104,15 @@ constexpr unsigned kAllBufs[] = {kX, kH, kQKV, kO, kF, kY};
 struct Access {
   unsigned reads, writes;
 };
-Access step_access(const Step& s) {
-  const unsigned x_if_inner = s.layer == 0 ? 0u : unsigned(kX);  // layer 0 reads the caller's x
+// Padding-free plans: layer 0's ln1 packs the caller's x into the residual buffer (and zeroes
+// the tail rows of o and the padded rows of y), so layer 0's out_proj reads the residual buffer.
+Access step_access(const Step& s, bool packed) {
+  // Dense layer 0 reads the caller's x.
+  const unsigned x_if_inner = s.layer == 0 && !packed ? 0u : unsigned(kX);
   switch (s.kind) {
-    case StepKind::ln1: return {x_if_inner, kH};
+    case StepKind::ln1:
+      if (packed && s.layer == 0) return {0u, kH | kX | kO | kY};
+      return {x_if_inner, kH};
     case StepKind::qkv_proj: return {kH, kQKV};
     case StepKind::attention: return {kQKV, kO};
     case StepKind::out_proj: return {kO | x_if_inner, kX};
@@ -102,22 +124,22 @@ Access step_access(const Step& s) {
   return {0, 0};
 }
 // Buffers the segment writes whose incoming value it also reads (restored before each candidate).
-unsigned restore_set(const std::vector<Step>& steps, size_t first, int count) {
+unsigned restore_set(const std::vector<Step>& steps, size_t first, int count, bool packed) {
   unsigned written = 0, needed = 0;
   for (size_t i = first; i < first + size_t(count); ++i) {
-    const Access a = step_access(steps[i]);
+    const Access a = step_access(steps[i], packed);
     needed |= a.reads & ~written;
     written |= a.writes;
   }
   return needed & written;
 }
 // Buffers the segment writes that a later step reads before overwriting (compared by the guard).
-unsigned live_outputs(const std::vector<Step>& steps, size_t first, int count) {
+unsigned live_outputs(const std::vector<Step>& steps, size_t first, int count, bool packed) {
   unsigned written = 0;
-  for (size_t i = first; i < first + size_t(count); ++i) written |= step_access(steps[i]).writes;
+  for (size_t i = first; i < first + size_t(count); ++i) written |= step_access(steps[i], packed).writes;
   unsigned live = written & kY, overwritten = 0;
   for (size_t i = first + size_t(count); i < steps.size(); ++i) {
-    const Access a = step_access(steps[i]);
+    const Access a = step_access(steps[i], packed);
     live |= a.reads & written & ~overwritten;
     overwritten |= a.writes;
   }
@@ -129,6 +151,9 @@ std::string pin_of(const Routes& r, const char* family, const std::string& legac
   return it != r.pins.end() && !it->second.empty() && it->second != "auto" ? it->second : legacy;
 }
 
+// Materialised-score attention is a candidate only up to this much score memory.
+constexpr size_t kMaterializedLimit = size_t(128) << 20;
+
 // Source files (prefixes) each kind of kernel depends on: an edit invalidates its cache entries.
 const std::vector<std::string> kEngineSources = {"backends/cuda/engine.", "backends/cuda/tune_cuda",
                                                  "backends/cuda/arena.", "backends/cuda/weights."};
@@ -139,7 +164,8 @@ Routes routes_from_environment() {
   using tune::knob_choice;
   Routes r;
   const std::string gelu = knob_choice("HK_GELU", {"auto", "erf", "epilogue"});
-  const std::string attention = knob_choice("HK_ATTENTION", {"auto", "flash", "flash.q64", "flash.q16", "cudnn"});
+  const std::string attention =
+      knob_choice("HK_ATTENTION", {"auto", "flash", "flash.q64", "flash.q16", "cudnn", "materialized"});
   const std::string graph = knob_choice("HK_GRAPH", {"auto", "0", "1"});
   r.gelu_epilogue = gelu == "epilogue";
   r.prefer_cudnn = attention == "cudnn";
@@ -150,13 +176,17 @@ Routes routes_from_environment() {
   r.tune_remeasure = knob_choice("HK_TUNE_REMEASURE", {"0", "1"}) == "1";
   if (r.tune) r.tune_cache_dir = tune::TuneCache::default_directory();
   if (gelu == "erf") r.pins["gelu"] = "erf";
-  if (attention == "flash" || attention == "flash.q64" || attention == "flash.q16") r.pins["attention"] = attention;
+  if (attention == "flash" || attention == "flash.q64" || attention == "flash.q16" || attention == "materialized")
+    r.pins["attention"] = attention;
   if (graph == "1") r.pins["graph"] = "1";
   const std::string layout = knob_choice("HK_GEMM_LAYOUT", {"auto", "nk", "kn"});
   if (layout == "nk" || layout == "kn") r.pins["gemm_layout"] = layout;
   const std::string algo = knob_choice("HK_GEMM_ALGO", {"auto", "0", "1", "2", "3", "4", "5", "6", "7"});
   if (!algo.empty() && algo != "auto") r.pins["gemm_algo"] = algo;
-  if (knob_choice("HK_CHAINS", {"auto", "off"}) == "off") r.pins["chains"] = "off";
+  const std::string chains = knob_choice("HK_CHAINS", {"auto", "off", "persistent"});
+  if (chains == "off" || chains == "persistent") r.pins["chains"] = chains;
+  const std::string pack = knob_choice("HK_PACK", {"auto", "0", "1"});
+  if (pack == "0" || pack == "1") r.pins["pack"] = pack;
   return r;
 }
 
@@ -186,7 +216,8 @@ struct KernelMeta {
 // Everything that depends on B: GEMM descriptors and algorithms, the attention routes, the plan.
 struct Plan {
   int B = 0;
-  int64_t T = 0;  // token rows
+  int64_t T = 0;  // token rows: B * S, or the padding-free bucket
+  bool packed = false;  // padding-free: rows are the packed valid tokens (+ zero rows up to T)
   Shape shape;
   std::string shape_text;  // for tune keys
   AttentionParams attn;    // lengths bound per call
@@ -195,6 +226,9 @@ struct Plan {
   std::string gelu_note;  // why the tanh epilogue is not a candidate
   std::unique_ptr<CudnnRoute> cudnn;
   DeviceBuffer cudnn_workspace;
+  std::unique_ptr<MaterializedAttention> materialized;  // the scores in memory (size-guarded)
+  DeviceBuffer materialized_workspace;
+  std::string materialized_note;
   std::string attention_note;  // why cuDNN is not a candidate (when requested)
   std::vector<std::string> chain_notes;
   std::vector<Kernel<Ctx>> table;
@@ -206,11 +240,18 @@ struct Plan {
   bool graph_decided = false;
   std::vector<tune::Decision> decisions;
   TuneReport report;
+  int whole_model = -1;              // table index of the whole-model kernel, -1: none
+  std::string whole_model_note;      // why it is not a candidate (explain)
 #if HK_CUDA_HAVE_QKV_ATTENTION_FUSED
   QkvAttentionParams qkv_attention{};
   std::vector<QkvAttentionMap> qkv_attention_maps;
   size_t qkv_attention_map = 0;
   bool qkv_attention_decided = false;
+#endif
+#if HK_CUDA_HAVE_POST_ATTN_FUSED
+  std::vector<PostAttnConfig> post_attn_configs;
+  size_t post_attn_config = 0;
+  bool post_attn_decided = false;
 #endif
   size_t index_of(const Kernel<Ctx>* k) const { return size_t(k - table.data()); }
 };
@@ -236,7 +277,7 @@ struct CudaEngine::Impl {
   DType act = DType::f16;
   float eps = 1e-5f;
   // Resolved pins ("" = free).
-  std::string pin_attention, pin_gelu, pin_layout, pin_algo, pin_chains, pin_graph;
+  std::string pin_attention, pin_gelu, pin_layout, pin_algo, pin_chains, pin_graph, pin_pack;
 
   cudaStream_t stream = nullptr;          // host path, eager default
   cudaStream_t capture_stream = nullptr;  // warm-ups, captures, tuning
@@ -245,14 +286,19 @@ struct CudaEngine::Impl {
   cublasLtHandle_t lt = nullptr;
 
   std::unique_ptr<DeviceWeights> weights;
+#if HK_CUDA_HAVE_MODEL_PERSISTENT
+  std::unique_ptr<PersistentModel> persistent;  // the whole-model kernel's layer table, where supported
+#endif
+  DeviceBuffer alias_scratch;  // the caller's x while a warm-up runs with y == x
   std::unique_ptr<KnWeights> kn_weights;  // only when the layout decision may pick [K, N]
   std::unique_ptr<DeviceArena> arena;
   Activations buf{};
   std::vector<Step> steps;
-  std::map<int, std::unique_ptr<Plan>> plans;
+  std::map<std::pair<int, int64_t>, std::unique_ptr<Plan>> plans;  // by (B, rows)
+  std::map<int, const Plan*> last_plan;                              // by B: the plan used last
   GraphCache graphs{kGraphCacheEntries};
   int next_out = 0;
-  PinnedBuffer x_stage, y_stage, len_stage;
+  PinnedBuffer x_stage, y_stage, len_stage, flag_stage;
 
   tune::DeviceIdentity identity;
   std::unique_ptr<tune::TuneCache> cache;
@@ -267,21 +313,23 @@ struct CudaEngine::Impl {
   ~Impl() { release(); }
   void release() noexcept;
 
-  Plan& plan(int B);
-  std::unique_ptr<Plan> build_plan(int B);
+  int64_t rows_for(int B, int64_t tokens) const;
+  Plan& plan(int B, int64_t rows);
+  std::unique_ptr<Plan> build_plan(int B, int64_t rows);
   void build_table(Plan& p);
   void make_kn_weights(const Model& model);
   void choose_plan(Plan& p, const Ctx& c);
   int choose_segment(Plan& p, const tune::Segment<Ctx>& seg, const Ctx& c);
   void decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ctx& c);
   void decide_graph(Plan& p, cudaGraphExec_t g, const Ctx& c);
+  void decide_whole_model(Plan& p, const Ctx& c);
   void run_inner(Plan& p, const PlannedKernel<Ctx>& k, Ctx& c);
   void run_gemm(Plan& p, GemmNode& g, int layer, const void* in, const float* residual, void* out,
                 cudaStream_t s) const;
   void record(Plan& p, Ctx c) { run_plan(p.kernels, steps, c); }
   cudaGraphExec_t graph_for(Plan& p, const GraphKey& key, cudaStream_t caller_stream);
   void warm_up(Plan& p, const Ctx& c, cudaStream_t caller_stream);
-  void run(int B, const float* x, const int32_t* lengths, float* y, cudaStream_t s);
+  void run(int B, const float* x, const int32_t* lengths, float* y, cudaStream_t s, int64_t tokens);
   void check_batch(int B, const char* what) const;
   void synthetic_host_input(int B);
   float* next_output() {
@@ -299,6 +347,9 @@ struct CudaEngine::Impl {
     int cols;
   };
   BufView view(const Plan& p, unsigned bit, const Ctx& c) const;
+  // Rows of an arena buffer a plan uses: its token rows, except y ([B, S, D] always).
+  int64_t rows_of(const Plan& p, unsigned bit) const { return bit == kY ? int64_t(p.B) * S : p.T; }
+  void pack_input(Plan& p, const Ctx& c, const DeviceLayerWeights& w0);
   size_t buf_bytes(const Plan& p, unsigned set) const;
   void copy_set(const Plan& p, unsigned set, const Ctx& c, char* region, bool to_scratch) const;
   double diff_set(const Plan& p, unsigned set, const Ctx& c, const char* ref);
@@ -335,6 +386,7 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
   pin_algo = pin_of(routes, "gemm_algo", "");
   pin_chains = pin_of(routes, "chains", "");
   pin_graph = pin_of(routes, "graph", routes.graphs ? "" : "0");
+  pin_pack = pin_of(routes, "pack", "");
   try {
     HK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     HK_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream, cudaStreamNonBlocking));
@@ -344,6 +396,11 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
     weights = std::make_unique<DeviceWeights>(model, precision);
     // The [K, N] copies cost one more set of GEMM weights: only when the layout may be chosen.
     if (pin_layout == "kn" || (routes.tune && pin_layout.empty())) make_kn_weights(model);
+#if HK_CUDA_HAVE_MODEL_PERSISTENT
+    if (precision == Precision::fast && pin_chains != "off" && (routes.tune || pin_chains == "persistent") &&
+        model_persistent_supports(cfg, S))
+      persistent = std::make_unique<PersistentModel>(cfg, *weights);
+#endif
     arena = std::make_unique<DeviceArena>(activation_layout(cfg, max_batch, S, precision, kLtWorkspaceBytes),
                                           max_batch, S, routes.poison);
     buf = arena->buffers();
@@ -389,7 +446,11 @@ void CudaEngine::Impl::release() noexcept {
   if (stream) cudaStreamSynchronize(stream);
   if (capture_stream) cudaStreamSynchronize(capture_stream);
   graphs.clear();
+  last_plan.clear();
   plans.clear();  // LtGemm descriptors and cuDNN plans, before their handles
+#if HK_CUDA_HAVE_MODEL_PERSISTENT
+  persistent.reset();
+#endif
   timer.reset();
   if (lt) cublasLtDestroy(lt);
   lt = nullptr;
@@ -407,22 +468,36 @@ void CudaEngine::Impl::check_batch(int B, const char* what) const {
                 std::to_string(max_batch) + ")");
 }
 
-Plan& CudaEngine::Impl::plan(int B) {
-  auto it = plans.find(B);
-  if (it == plans.end()) it = plans.emplace(B, build_plan(B)).first;
+// The rows a plan of (B, tokens) runs on (engine.hpp: padding-free execution).
+int64_t CudaEngine::Impl::rows_for(int B, int64_t tokens) const {
+  const int64_t dense = int64_t(B) * S;
+  if (tokens < 0 || tokens >= dense || pin_pack == "0") return dense;
+  const int64_t granule = std::max<int64_t>(256, (dense / 32 + 255) / 256 * 256);
+  const int64_t rows = std::max<int64_t>(1, (tokens + granule - 1) / granule) * granule;
+  if (rows >= dense) return dense;
+  if (pin_pack == "1") return rows;
+  return dense >= 4096 && rows * 100 <= dense * 85 ? rows : dense;
+}
+
+Plan& CudaEngine::Impl::plan(int B, int64_t rows) {
+  auto it = plans.find({B, rows});
+  if (it == plans.end()) it = plans.emplace(std::make_pair(B, rows), build_plan(B, rows)).first;
+  last_plan[B] = it->second.get();
   return *it->second;
 }
 
-std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B) {
+std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B, int64_t rows) {
   auto p = std::make_unique<Plan>();
   const int D = cfg.d_model, F = cfg.ffn_dim, L = cfg.n_layers;
   p->B = B;
-  p->T = int64_t(B) * S;
+  p->T = rows;
+  p->packed = rows < int64_t(B) * S;
   p->shape = Shape{B, S, cfg, precision};
   {
     std::ostringstream s;
     s << "B=" << B << " S=" << S << " D=" << D << " H=" << cfg.n_heads << " F=" << F << " L=" << L
       << (cfg.causal ? " causal" : " bidirectional") << " " << to_string(precision);
+    if (p->packed) s << " packed rows=" << rows;
     p->shape_text = s.str();
   }
   const DType g = act;
@@ -489,7 +564,7 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B) {
   a.qkv = buf.qkv;
   a.out = buf.o;
   a.lengths = buf.lengths_full;
-  a.seq_start = nullptr;
+  a.seq_start = p->packed ? buf.seq_start : nullptr;
   a.B = B;
   a.S = S;
   a.H = cfg.n_heads;
@@ -500,7 +575,9 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B) {
   a.causal = cfg.causal;
   a.dtype = act;
   const bool want_cudnn = pin_attention == "cudnn" || (routes.tune && pin_attention.empty());
-  if (want_cudnn) {
+  if (want_cudnn && p->packed) {
+    p->attention_note = "the padding-free layout is not a cuDNN route here";
+  } else if (want_cudnn) {
     std::string why;
     if (!CudnnRoute::runtime_ok(&why)) {
       p->attention_note = why;
@@ -516,12 +593,32 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B) {
     }
   }
 
+  // Materialised scores (H x B x S x S fp32): a candidate only while they stay within the limit.
+  const bool want_materialized = pin_attention == "materialized" || (routes.tune && pin_attention.empty());
+  if (want_materialized) {
+    std::string why;
+    if (act != DType::f16 || p->packed) {
+      p->materialized_note = "f16 dense layout only";
+    } else if (!attention_materialized_supports(a, kMaterializedLimit)) {
+      p->materialized_note = "scores beyond " + std::to_string(kMaterializedLimit >> 20) + " MiB, or shape unsupported";
+    } else {
+      auto m = std::make_unique<MaterializedAttention>(lt);
+      if (m->prepare(a, &why)) {
+        p->materialized_workspace = DeviceBuffer(attention_materialized_workspace(a));
+        p->materialized = std::move(m);
+      } else {
+        p->materialized_note = why;
+      }
+    }
+  }
+
   build_table(*p);
   if (!routes.tune) {
     // Untuned: nothing is measured, so the plan needs no data: the defaults (and pins) now.
     Ctx none{capture_stream, nullptr, nullptr, nullptr};
     try {
       choose_plan(*p, none);
+      decide_whole_model(*p, none);  // only a pin (HK_CHAINS=persistent) applies untuned
     } catch (const Error& e) {
       std::string detail;
       if (!flash_route_supports(a))
@@ -541,6 +638,32 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B) {
     }
   }
   return p;
+}
+
+// Padding-free layer 0 ln1: offsets of the sequences, then the valid rows of the caller's x
+// packed into the residual buffer with their LayerNorm, the tail rows zeroed (x, h, o) and the
+// padded rows of y zeroed (nothing later writes them).
+void CudaEngine::Impl::pack_input(Plan& p, const Ctx& c, const DeviceLayerWeights& w0) {
+  packed_offsets(c.lengths, p.B, S, buf.seq_start, c.stream);
+  PackParams k;
+  k.x = c.x;
+  k.lengths = c.lengths;
+  k.seq_start = buf.seq_start;
+  k.B = p.B;
+  k.S = S;
+  k.D = cfg.d_model;
+  k.Tcap = p.T;
+  k.x_packed = buf.x;
+  k.h = buf.h;
+  k.act = act;
+  k.w = w0.ln1_w;
+  k.b = w0.ln1_b;
+  k.eps = eps;
+  k.row_dst = buf.row_dst;
+  k.o = buf.o;
+  k.y = c.y;
+  k.overflow = buf.pack_flag;
+  pack_layer_norm(k, c.stream);
 }
 
 void CudaEngine::Impl::run_gemm(Plan&, GemmNode& g, int layer, const void* in, const float* residual, void* out,
@@ -577,9 +700,14 @@ void CudaEngine::Impl::build_table(Plan& p) {
 
   // Single-step kernels first: for each step the table's first covering kernel is the untuned
   // default; alternatives and chains follow and are only ever chosen by measurement or a pin.
-  add(single_step_kernel<Ctx>(ln, StepKind::ln1, [E, P, D](Ctx& c, const Step& s) {
+  add(single_step_kernel<Ctx>(p.packed ? "hk::pack[cuda.offsets] + hk::layer_norm[cuda.pack]" : ln, StepKind::ln1,
+                              [E, P, D](Ctx& c, const Step& s) {
         const DeviceLayerWeights& w = E->weights->layer(s.layer);
-        // Layer 0 normalises the caller's input directly: no copy into the residual stream.
+        if (P->packed && s.layer == 0) {
+          E->pack_input(*P, c, w);
+          return;
+        }
+        // Dense layer 0 normalises the caller's input directly: no copy into the residual stream.
         layer_norm(s.layer == 0 ? c.x : E->buf.x, E->buf.h, E->act, w.ln1_w, w.ln1_b, P->T, D, E->eps, c.stream);
       }),
       "ln", ln_src);
@@ -612,10 +740,21 @@ void CudaEngine::Impl::build_table(Plan& p) {
                                 }),
         "cudnn", {"backends/cuda/attention_cudnn", "backends/cuda/attention_route"});
   };
+  auto materialized = [&] {
+    add(single_step_kernel<Ctx>(attention_materialized_name(), StepKind::attention,
+                                [P](Ctx& c, const Step&) {
+                                  AttentionParams a = P->attn;
+                                  a.lengths = c.lengths;
+                                  P->materialized->run(a, P->materialized_workspace.get(), c.stream);
+                                }),
+        "materialized", {"backends/cuda/attention_materialized", "backends/cuda/attention_route"});
+  };
   const bool f16_tiles = flash_ok && act == DType::f16;
   const bool auto_is_q64 = f16_tiles && flash_route_name(p.attn) == flash_route_name(p.attn, FlashTile::q64);
   if (pin_attention == "cudnn" && p.cudnn) {
     cudnn();
+  } else if (pin_attention == "materialized" && p.materialized) {
+    materialized();
   } else if ((pin_attention == "flash.q64" || pin_attention == "flash.q16") && f16_tiles) {
     flash(pin_attention == "flash.q64" ? FlashTile::q64 : FlashTile::q16, pin_attention);
   } else {
@@ -623,6 +762,7 @@ void CudaEngine::Impl::build_table(Plan& p) {
     if (pin_attention.empty() && routes.tune) {
       if (f16_tiles) flash(auto_is_q64 ? FlashTile::q16 : FlashTile::q64, auto_is_q64 ? "flash.q16" : "flash.q64");
       if (p.cudnn) cudnn();
+      if (p.materialized) materialized();
     }
   }
   if ((pin_attention == "flash.q64" || pin_attention == "flash.q16") && !f16_tiles)
@@ -630,9 +770,9 @@ void CudaEngine::Impl::build_table(Plan& p) {
 
   add(single_step_kernel<Ctx>("hk::gemm[cuda.cublaslt.bias_residual]", StepKind::out_proj,
                               [E, P](Ctx& c, const Step& s) {
-                                // Layer 0: x = input + o Wo^T + bo lands in the residual buffer,
-                                // so the caller's input is never modified.
-                                const float* residual = s.layer == 0 ? c.x : E->buf.x;
+                                // Dense layer 0: x = input + o Wo^T + bo lands in the residual
+                                // buffer, so the caller's input is never modified.
+                                const float* residual = s.layer == 0 && !P->packed ? c.x : E->buf.x;
                                 E->run_gemm(*P, P->out, s.layer, E->buf.o, residual, E->buf.x, c.stream);
                               }),
       "gemm", gemm_src, gemm_inner(&p.out));
@@ -670,11 +810,37 @@ void CudaEngine::Impl::build_table(Plan& p) {
                                 E->run_gemm(*P, P->ffn_out, s.layer, E->buf.f, E->buf.x, E->buf.x, c.stream);
                               }),
       "gemm", gemm_src, gemm_inner(&p.ffn_out));
-  add(single_step_kernel<Ctx>(final_ln, StepKind::final_ln, [E, P, D](Ctx& c, const Step&) {
+  add(single_step_kernel<Ctx>(p.packed ? final_ln + " scatter" : final_ln, StepKind::final_ln,
+                              [E, P, D](Ctx& c, const Step&) {
+        if (P->packed) {
+          // Packed rows back to [B, S, D]; the packing kernel already zeroed the padded rows.
+          final_layer_norm_packed(E->buf.x, c.y, E->buf.row_dst, P->T, D, E->weights->final_w(),
+                                  E->weights->final_b(), E->eps, c.stream);
+          return;
+        }
         final_layer_norm(E->buf.x, c.y, E->weights->final_w(), E->weights->final_b(), P->T, D, E->eps, c.lengths,
                          E->S, c.stream);
       }),
       "ln", ln_src);
+
+  // ---- the whole forward in one kernel (small models): a plan-level candidate, decided after the
+  // per-layer plan is chosen (decide_whole_model), never part of a segment (covers nothing).
+#if HK_CUDA_HAVE_MODEL_PERSISTENT
+  if (persistent && precision == Precision::fast && pin_chains != "off" && (routes.tune || pin_chains == "persistent")) {
+    Kernel<Ctx> k;
+    k.name = model_persistent_name(cfg);
+    k.covers = [](const std::vector<Step>&, size_t, const Shape&) { return 0; };
+    k.run = [E, P](Ctx& c, const Step*, int) {
+      model_persistent_forward(*E->persistent, E->S, c.x, c.lengths, P->B, c.y, c.stream);
+    };
+    p.whole_model = int(t.size());
+    add(std::move(k), "persistent", {"backends/cuda/model_persistent"});
+  } else if (!persistent) {
+    p.whole_model_note = "whole-model kernel: this model / S is outside its limits (or not built)";
+  }
+#else
+  p.whole_model_note = "whole-model kernel: not part of this build";
+#endif
 
   // ---- fused chains: candidates against the single kernels they replace ----------------------
   const bool chains = precision == Precision::fast && pin_chains != "off" && routes.tune;
@@ -697,7 +863,7 @@ void CudaEngine::Impl::build_table(Plan& p) {
       const DeviceLayerWeights& w = E->weights->layer(l);
       PostAttnParams q;
       q.o = static_cast<const __half*>(E->buf.o);
-      q.x_in = l == 0 ? c.x : E->buf.x;
+      q.x_in = l == 0 && !P->packed ? c.x : E->buf.x;
       q.x_out = E->buf.x;
       q.w_o = static_cast<const __half*>(w.w_o);
       q.b_o = w.b_o;
@@ -717,15 +883,68 @@ void CudaEngine::Impl::build_table(Plan& p) {
         q.h_out = static_cast<__half*>(E->buf.h);
       }
       q.lengths = c.lengths;
+      if (P->packed) q.row_dst = E->buf.row_dst;  // tail: scatter; padded rows already zero
       q.S = E->S;
       q.tail = tail;
       q.rows = P->T;
       q.D = E->cfg.d_model;
       q.F = E->cfg.ffn_dim;
       q.eps = E->eps;
-      post_attn_fused(q, c.stream);
+      if (P->post_attn_configs.empty()) {
+        post_attn_fused(q, c.stream);
+      } else {
+        post_attn_fused(q, c.stream, P->post_attn_configs[P->post_attn_config]);
+      }
     };
-    add(std::move(k), "post_attn", {"backends/cuda/post_attn_fused"});
+    p.post_attn_configs = post_attn_fused_candidates(cfg.d_model, cfg.ffn_dim, p.T);
+    const size_t self_index = t.size();
+    // Its launch configuration (warps per CTA, o prefetch) is its own measured decision, made
+    // once per plan on the first layer's chain (every layer has the same shape).
+    auto inner = [E, P, self_index](Ctx& c, const Step* first, int count) {
+      if (P->post_attn_decided || P->post_attn_configs.size() < 2) return;
+      P->post_attn_decided = true;
+      std::vector<tune::Candidate> cands;
+      for (const PostAttnConfig& pc : P->post_attn_configs)
+        cands.push_back({"w" + std::to_string(pc.warps) + "p" + std::to_string(pc.prefetch),
+                         std::string("warps ") + (pc.warps > 0 ? std::to_string(pc.warps) : "auto") + ", prefetch " +
+                             (pc.prefetch < 0 ? "auto" : std::to_string(pc.prefetch))});
+      const tune::TuneKey key = E->key(*P, "post_attn.config", {"backends/cuda/post_attn_fused"});
+      const Kernel<Ctx>* self = &P->table[self_index];
+      const size_t at = size_t(first - E->steps.data());
+      const unsigned restore = restore_set(E->steps, at, count, P->packed);
+      unsigned live = 0;
+      for (int i = 0; i < count; ++i) live |= step_access(first[i], P->packed).writes;
+      const tune::ChooserOptions opt = E->chooser_options();
+      char* snap = nullptr;
+      char* ref = nullptr;
+      if (!E->chooser->answered(key, cands, opt)) {
+        const size_t snap_bytes = E->buf_bytes(*P, restore);
+        snap = E->scratch(E->inner_scratch, snap_bytes + E->buf_bytes(*P, live), c.stream);
+        ref = snap + snap_bytes;
+        E->copy_set(*P, restore, c, snap, true);
+      }
+      tune::Probe probe;
+      probe.run = [&](int i) {
+        E->copy_set(*P, restore, c, snap, false);
+        P->post_attn_config = size_t(i);
+        self->run(c, first, count);
+      };
+      probe.keep_reference = [&] { E->copy_set(*P, live, c, ref, true); };
+      probe.difference = [&] { return E->diff_set(*P, live, c, ref); };
+      probe.time = [&](int i) {
+        P->post_attn_config = size_t(i);
+        return E->timer->time([&](cudaStream_t st) {
+          Ctx cc = c;
+          cc.stream = st;
+          self->run(cc, first, count);
+        }, E->pin_graph != "0");
+      };
+      const tune::Decision d = E->chooser->decide(key, cands, probe, opt);
+      P->post_attn_config = size_t(d.chosen);
+      if (snap) E->copy_set(*P, restore, c, snap, false);
+      P->decisions.push_back(d);
+    };
+    add(std::move(k), "post_attn", {"backends/cuda/post_attn_fused"}, inner);
   } else {
     p.chain_notes.push_back("post_attn: D " + std::to_string(cfg.d_model) + ", F " + std::to_string(cfg.ffn_dim) +
                             " not supported");
@@ -742,6 +961,7 @@ void CudaEngine::Impl::build_table(Plan& p) {
     q.b_qkv = static_cast<const __half*>(weights->layer(0).b_qkv);
     q.o = static_cast<__half*>(buf.o);
     q.lengths = buf.lengths_full;
+    q.seq_start = p.packed ? buf.seq_start : nullptr;
     q.B = p.B;
     q.S = S;
     q.D = cfg.d_model;
@@ -840,7 +1060,7 @@ size_t CudaEngine::Impl::buf_bytes(const Plan& p, unsigned set) const {
   for (unsigned b : kAllBufs) {
     if (!(set & b)) continue;
     const BufView v = view(p, b, Ctx{});
-    const size_t bytes = size_t(p.T) * size_t(v.cols) * (v.type == DType::f16 ? 2 : 4);
+    const size_t bytes = size_t(rows_of(p, b)) * size_t(v.cols) * (v.type == DType::f16 ? 2 : 4);
     n += (bytes + 255) / 256 * 256;
   }
   return n;
@@ -851,7 +1071,7 @@ void CudaEngine::Impl::copy_set(const Plan& p, unsigned set, const Ctx& c, char*
   for (unsigned b : kAllBufs) {
     if (!(set & b)) continue;
     const BufView v = view(p, b, c);
-    const size_t bytes = size_t(p.T) * size_t(v.cols) * (v.type == DType::f16 ? 2 : 4);
+    const size_t bytes = size_t(rows_of(p, b)) * size_t(v.cols) * (v.type == DType::f16 ? 2 : 4);
     if (to_scratch) {
       HK_CUDA_CHECK(cudaMemcpyAsync(region + off, v.ptr, bytes, cudaMemcpyDeviceToDevice, c.stream));
     } else {
@@ -869,9 +1089,11 @@ double CudaEngine::Impl::diff_set(const Plan& p, unsigned set, const Ctx& c, con
   for (unsigned b : kAllBufs) {
     if (!(set & b)) continue;
     const BufView v = view(p, b, c);
-    const size_t bytes = size_t(p.T) * size_t(v.cols) * (v.type == DType::f16 ? 2 : 4);
-    // Rows the model zeroes (padding) are skipped: routes may legitimately differ there.
-    m = std::max(m, max_abs_diff(v.ptr, ref + off, v.type, p.T, v.cols, v.cols, c.lengths, S, result, c.stream));
+    const size_t bytes = size_t(rows_of(p, b)) * size_t(v.cols) * (v.type == DType::f16 ? 2 : 4);
+    // Rows the model zeroes (padding) are skipped: routes may legitimately differ there. Packed
+    // buffers hold valid tokens (and zero-fed tail rows) only; y is always [B, S, D].
+    const int32_t* len = p.packed && b != kY ? nullptr : c.lengths;
+    m = std::max(m, max_abs_diff(v.ptr, ref + off, v.type, rows_of(p, b), v.cols, v.cols, len, S, result, c.stream));
     off += (bytes + 255) / 256 * 256;
   }
   return m;
@@ -911,7 +1133,7 @@ void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ct
   const tune::ChooserOptions opt = chooser_options();
   // out_proj of layer 0 adds the caller's x; every other residual GEMM updates x in place, so
   // each candidate must start from the same x.
-  const float* residual = g.which == GemmWhich::out ? (s.layer == 0 ? c.x : buf.x)
+  const float* residual = g.which == GemmWhich::out ? (s.layer == 0 && !p.packed ? c.x : buf.x)
                           : g.which == GemmWhich::outf ? buf.x
                                                        : nullptr;
   const unsigned out_bit = g.which == GemmWhich::qkv ? kQKV : g.which == GemmWhich::in ? kF : kX;
@@ -974,8 +1196,8 @@ int CudaEngine::Impl::choose_segment(Plan& p, const tune::Segment<Ctx>& seg, con
   }
   // Measurement: every option starts from the segment's incoming state; the guard compares the
   // buffers later steps read.
-  const unsigned restore = restore_set(steps, seg.first, seg.count);
-  const unsigned live = live_outputs(steps, seg.first, seg.count);
+  const unsigned restore = restore_set(steps, seg.first, seg.count, p.packed);
+  const unsigned live = live_outputs(steps, seg.first, seg.count, p.packed);
   const size_t snap_bytes = buf_bytes(p, restore), ref_bytes = buf_bytes(p, live);
   char* snap = scratch(seg_scratch, snap_bytes + ref_bytes, c.stream);
   char* ref = snap + snap_bytes;
@@ -1054,18 +1276,80 @@ void CudaEngine::Impl::decide_graph(Plan& p, cudaGraphExec_t g, const Ctx& c) {
   }
 }
 
+// The chosen per-layer plan against the whole-model kernel, timed as whole forwards (graph-timed
+// unless graphs are off), the output y compared by the numeric guard; the faster is kept.
+// HK_CHAINS=persistent pins the whole-model kernel (where the model is within its limits).
+void CudaEngine::Impl::decide_whole_model(Plan& p, const Ctx& c) {
+  if (p.whole_model < 0) return;
+  const Kernel<Ctx>* whole = &p.table[size_t(p.whole_model)];
+  const std::vector<PlannedKernel<Ctx>> whole_plan = {{whole, 0, int(steps.size())}};
+  if (pin_chains == "persistent") {
+    p.kernels = whole_plan;
+    return;
+  }
+  const std::vector<PlannedKernel<Ctx>> layers = p.kernels;
+  std::vector<std::string> sources;
+  for (const auto& k : layers) {
+    const KernelMeta& m = p.meta[p.index_of(k.kernel)];
+    sources.insert(sources.end(), m.sources.begin(), m.sources.end());
+  }
+  sources.push_back("backends/cuda/model_persistent");
+  const std::vector<tune::Candidate> cands = {{"layers", "the per-layer plan (" + std::to_string(layers.size()) + " kernels)"},
+                                              {"persistent", whole->name}};
+  auto run_with = [&](int i, Ctx& cc) {
+    if (i == 0) {
+      run_plan(layers, steps, cc);
+    } else {
+      whole->run(cc, steps.data(), int(steps.size()));
+    }
+  };
+  Ctx w = c;
+  char* ref = nullptr;
+  const tune::TuneKey k = key(p, "model.whole", sources);
+  const tune::ChooserOptions opt = chooser_options();
+  if (!chooser->answered(k, cands, opt)) ref = scratch(inner_scratch, buf_bytes(p, kY), c.stream);
+  tune::Probe probe;
+  probe.run = [&](int i) { run_with(i, w); };
+  probe.keep_reference = [&] { copy_set(p, kY, c, ref, true); };
+  probe.difference = [&] { return diff_set(p, kY, c, ref); };
+  probe.time = [&](int i) {
+    return timer->time([&](cudaStream_t st) {
+      Ctx cc = c;
+      cc.stream = st;
+      run_with(i, cc);
+    }, pin_graph != "0");
+  };
+  const tune::Decision d = chooser->decide(k, cands, probe, opt);
+  p.decisions.push_back(d);
+  if (d.chosen == 1) p.kernels = whole_plan;
+}
+
 // The first forward of a plan on the capture stream, after the caller's pending work (it reads
 // x, writes y) and the previous forward: a tuning engine chooses its plan here, on these buffers.
+// With y == x the caller's x is kept aside and put back, so that the forward that follows
+// (replay or eager) reads the input, not this warm-up's output.
 void CudaEngine::Impl::warm_up(Plan& p, const Ctx& c, cudaStream_t caller_stream) {
   HK_CUDA_CHECK(cudaEventRecord(caller, caller_stream));
   HK_CUDA_CHECK(cudaStreamWaitEvent(capture_stream, caller, 0));
   HK_CUDA_CHECK(cudaStreamWaitEvent(capture_stream, done, 0));
   Ctx w = c;
   w.stream = capture_stream;
+  const size_t x_bytes = size_t(p.B) * size_t(S) * size_t(cfg.d_model) * sizeof(float);
+  const bool aliased = c.y == c.x;
+  if (aliased) {
+    char* keep = scratch(alias_scratch, x_bytes, capture_stream);
+    HK_CUDA_CHECK(cudaMemcpyAsync(keep, c.x, x_bytes, cudaMemcpyDeviceToDevice, capture_stream));
+  }
   if (!p.planned) {
     const auto t0 = std::chrono::steady_clock::now();
     const size_t before = p.decisions.size();
     choose_plan(p, w);
+    if (routes.tune || pin_chains == "persistent") {
+      if (aliased)  // the plan's own run overwrote x: the whole-model decision needs the input
+        HK_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(c.x), alias_scratch.get(), x_bytes,
+                                      cudaMemcpyDeviceToDevice, capture_stream));
+      decide_whole_model(p, w);
+    }
     HK_CUDA_CHECK(cudaStreamSynchronize(capture_stream));
     seg_scratch = DeviceBuffer();
     inner_scratch = DeviceBuffer();
@@ -1083,6 +1367,12 @@ void CudaEngine::Impl::warm_up(Plan& p, const Ctx& c, cudaStream_t caller_stream
     }
   } else {
     record(p, w);
+  }
+  if (aliased) {
+    HK_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(c.x), alias_scratch.get(), x_bytes, cudaMemcpyDeviceToDevice,
+                                  capture_stream));
+    HK_CUDA_CHECK(cudaStreamSynchronize(capture_stream));
+    alias_scratch = DeviceBuffer();
   }
   p.warmed = true;
   HK_CUDA_CHECK(cudaEventRecord(done, capture_stream));
@@ -1130,11 +1420,11 @@ cudaGraphExec_t CudaEngine::Impl::graph_for(Plan& p, const GraphKey& key, cudaSt
   return g;
 }
 
-void CudaEngine::Impl::run(int B, const float* x, const int32_t* lengths, float* y, cudaStream_t s) {
+void CudaEngine::Impl::run(int B, const float* x, const int32_t* lengths, float* y, cudaStream_t s, int64_t tokens) {
   HK_CUDA_CHECK(cudaSetDevice(device));
-  Plan& p = plan(B);
+  Plan& p = plan(B, rows_for(B, tokens));
   cudaGraphExec_t g = nullptr;
-  if (routes.graphs && p.graph_note.empty()) g = graph_for(p, GraphKey{B, x, lengths, y}, s);
+  if (routes.graphs && p.graph_note.empty()) g = graph_for(p, GraphKey{B, x, lengths, y, p.T}, s);
   if (!p.warmed) warm_up(p, Ctx{capture_stream, x, lengths, y}, s);  // eager engines tune here
   HK_CUDA_CHECK(cudaStreamWaitEvent(s, done, 0));
   if (g) {
@@ -1197,19 +1487,32 @@ void CudaEngine::forward(const float* x, const int32_t* lengths, int B, float* y
       m.len_stage = PinnedBuffer(size_t(m.max_batch) * sizeof(int32_t));
     }
     const size_t bytes = size_t(B) * size_t(S) * size_t(m.cfg.d_model) * sizeof(float);
-    std::memcpy(m.x_stage.get(), x, bytes);
+    // Page-locked caller buffers (a streaming reader's) are copied from / to directly; others go
+    // through the engine's pinned staging (pageable memory would make the copies synchronous).
+    const bool x_pinned = is_page_locked(x), y_pinned = is_page_locked(y);
+    if (!x_pinned) std::memcpy(m.x_stage.get(), x, bytes);
     auto* len = static_cast<int32_t*>(m.len_stage.get());
-    for (int b = 0; b < B; ++b) len[b] = lengths ? lengths[b] : S;
+    int64_t tokens = 0;
+    for (int b = 0; b < B; ++b) tokens += len[b] = lengths ? lengths[b] : S;
     // The upload overwrites x_in / lengths_in: wait for whatever forward may still read them.
     HK_CUDA_CHECK(cudaStreamWaitEvent(m.stream, m.done, 0));
-    HK_CUDA_CHECK(cudaMemcpyAsync(m.buf.x_in, m.x_stage.get(), bytes, cudaMemcpyHostToDevice, m.stream));
+    HK_CUDA_CHECK(cudaMemcpyAsync(m.buf.x_in, x_pinned ? x : m.x_stage.get(), bytes, cudaMemcpyHostToDevice, m.stream));
     HK_CUDA_CHECK(cudaMemcpyAsync(m.buf.lengths_in, len, size_t(B) * sizeof(int32_t), cudaMemcpyHostToDevice,
                                   m.stream));
     float* out = m.next_output();
-    m.run(B, m.buf.x_in, m.buf.lengths_in, out, m.stream);
-    HK_CUDA_CHECK(cudaMemcpyAsync(m.y_stage.get(), out, bytes, cudaMemcpyDeviceToHost, m.stream));
+    m.run(B, m.buf.x_in, m.buf.lengths_in, out, m.stream, tokens);
+    HK_CUDA_CHECK(cudaMemcpyAsync(y_pinned ? y : m.y_stage.get(), out, bytes, cudaMemcpyDeviceToHost, m.stream));
+    // The packing kernel's overflow flag (only a device-path call with a wrong `tokens` sets it).
+    if (!m.flag_stage.get()) m.flag_stage = PinnedBuffer(sizeof(int32_t));
+    HK_CUDA_CHECK(cudaMemcpyAsync(m.flag_stage.get(), m.buf.pack_flag, sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                  m.stream));
     HK_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-    std::memcpy(y, m.y_stage.get(), bytes);
+    if (*static_cast<int32_t*>(m.flag_stage.get()) != 0) {
+      HK_CUDA_CHECK(cudaMemset(m.buf.pack_flag, 0, sizeof(int32_t)));
+      throw Error("cuda backend: a padding-free forward_device call was given fewer `tokens` than its lengths "
+                  "sum to; its output was wrong");
+    }
+    if (!y_pinned) std::memcpy(y, m.y_stage.get(), bytes);
   });
 }
 
@@ -1223,35 +1526,40 @@ void check_device_pointers(const float* x, const int32_t* lengths, const float* 
 }
 }  // namespace
 
-void CudaEngine::forward_device(const float* x, const int32_t* lengths, int B, float* y, cudaStream_t stream) {
+void CudaEngine::forward_device(const float* x, const int32_t* lengths, int B, float* y, cudaStream_t stream,
+                                int64_t tokens) {
   Impl& m = *impl_;
   translate("forward_device", [&] {
     m.check_batch(B, "forward_device");
     if (B == 0) return;
     check_device_pointers(x, lengths, y);
-    m.run(B, x, lengths ? lengths : m.buf.lengths_full, y, stream);
+    m.run(B, x, lengths ? lengths : m.buf.lengths_full, y, stream, lengths ? tokens : -1);
   });
 }
 
-const float* CudaEngine::forward_device(const float* x, const int32_t* lengths, int B, cudaStream_t stream) {
+const float* CudaEngine::forward_device(const float* x, const int32_t* lengths, int B, cudaStream_t stream,
+                                        int64_t tokens) {
   Impl& m = *impl_;
   return translate("forward_device", [&]() -> const float* {
     m.check_batch(B, "forward_device");
     if (B == 0) return nullptr;
     check_device_pointers(x, lengths, m.buf.y[0]);
     float* y = m.next_output();
-    m.run(B, x, lengths ? lengths : m.buf.lengths_full, y, stream);
+    m.run(B, x, lengths ? lengths : m.buf.lengths_full, y, stream, lengths ? tokens : -1);
     return y;
   });
 }
 
-void CudaEngine::prepare(int B, const float* x, const int32_t* lengths, float* y) {
+int64_t CudaEngine::plan_rows(int B, int64_t tokens) const { return impl_->rows_for(B, tokens); }
+
+void CudaEngine::prepare(int B, const float* x, const int32_t* lengths, float* y, int64_t tokens) {
   Impl& m = *impl_;
   translate("prepare", [&] {
     m.check_batch(B, "prepare");
     if (B == 0) return;
     HK_CUDA_CHECK(cudaSetDevice(m.device));
-    Plan& p = m.plan(B);
+    // Without x the host path's synthetic input (all positions valid) plans the dense B.
+    Plan& p = m.plan(B, m.rows_for(B, x && lengths ? tokens : -1));
     std::vector<GraphKey> keys;
     if (!x) {
       // The host path's buffers hold whatever the last host call left (or nothing yet): give
@@ -1264,13 +1572,13 @@ void CudaEngine::prepare(int B, const float* x, const int32_t* lengths, float* y
                                       cudaMemcpyDeviceToDevice, m.stream));
         HK_CUDA_CHECK(cudaEventRecord(m.done, m.stream));
       }
-      for (float* out : m.buf.y) keys.push_back({B, m.buf.x_in, m.buf.lengths_in, out});
+      for (float* out : m.buf.y) keys.push_back({B, m.buf.x_in, m.buf.lengths_in, out, p.T});
     } else {
       const int32_t* len = lengths ? lengths : m.buf.lengths_full;
       if (y) {
-        keys.push_back({B, x, len, y});
+        keys.push_back({B, x, len, y, p.T});
       } else {
-        for (float* out : m.buf.y) keys.push_back({B, x, len, out});
+        for (float* out : m.buf.y) keys.push_back({B, x, len, out, p.T});
       }
     }
     if (!m.routes.graphs) {
@@ -1295,8 +1603,8 @@ void CudaEngine::prepare(int B, const float* x, const int32_t* lengths, float* y
 }
 
 TuneReport CudaEngine::tune_report(int B) const {
-  auto it = impl_->plans.find(B);
-  if (it == impl_->plans.end()) return {};
+  auto it = impl_->last_plan.find(B);
+  if (it == impl_->last_plan.end()) return {};
   TuneReport r = it->second->report;
   r.planned = it->second->planned;
   return r;
@@ -1309,7 +1617,7 @@ std::string CudaEngine::explain(int B) const {
       throw Error("cuda backend: explain: B = " + std::to_string(B) + " is outside 1..max_batch (" +
                   std::to_string(m.max_batch) + ")");
     HK_CUDA_CHECK(cudaSetDevice(m.device));
-    Plan& p = m.plan(B);
+    Plan& p = m.plan(B, int64_t(B) * m.S);  // the synthetic input has every position valid
     if (!p.planned) {
       m.synthetic_host_input(B);
       m.warm_up(p, Ctx{m.capture_stream, m.buf.x_in, m.buf.lengths_in, m.buf.y[0]}, m.stream);
@@ -1337,11 +1645,14 @@ std::string CudaEngine::explain(int B) const {
                            : "exact erf pass" + (p.gelu_note.empty() ? std::string() : " (" + p.gelu_note + ")"))
       << "\n";
     std::string att = "flash";
-    for (const char* id : {"flash.q64", "flash.q16", "cudnn", "qkv_attention"})
+    for (const char* id : {"flash.q64", "flash.q16", "cudnn", "materialized", "qkv_attention"})
       if (uses(id)) att = id;
     o << "attention: " << att << (att == "cudnn" && p.cudnn ? " (" + p.cudnn->plan_info(p.attn) + ")" : "")
-      << (p.attention_note.empty() ? "" : " (cudnn not used: " + p.attention_note + ")") << "\n";
+      << (p.attention_note.empty() ? "" : " (cudnn not used: " + p.attention_note + ")")
+      << (p.materialized_note.empty() ? "" : " (materialized not used: " + p.materialized_note + ")") << "\n";
     for (const std::string& n : p.chain_notes) o << "chain " << n << "\n";
+    if (!p.whole_model_note.empty()) o << p.whole_model_note << "\n";
+    if (p.packed) o << "padding-free: " << p.T << " packed rows for " << int64_t(B) * m.S << " positions\n";
     o << "graphs: "
       << (!m.routes.graphs ? "off (HK_GRAPH=0)"
           : !p.graph_note.empty() ? "off for this B: " + p.graph_note

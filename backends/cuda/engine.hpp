@@ -16,12 +16,24 @@
 // Environment knobs, read when the engine is made (docs/KNOBS.md lists them all):
 //   HK_TUNE=1|0            measured dispatch (routes_from_environment: on unless 0)
 //   HK_TUNE_CACHE=DIR|off, HK_TUNE_REMEASURE=1, HK_TUNE_VERBOSE=1
-//   HK_ATTENTION=auto|flash|flash.q64|flash.q16|cudnn   pins the attention route
+//   HK_ATTENTION=auto|flash|flash.q64|flash.q16|cudnn|materialized   pins the attention route
 //   HK_GELU=auto|erf|epilogue   pins ffn_in's GELU (epilogue: cuBLASLt's tanh form, fast only)
 //   HK_GEMM_LAYOUT=auto|nk|kn, HK_GEMM_ALGO=auto|0..7   pin GEMM layout / algorithm
 //   HK_CHAINS=auto|off     fused chain kernels considered or not
 //   HK_GRAPH=auto|1|0      graph replay measured against eager, or pinned on / off
+//   HK_PACK=auto|1|0       padding-free execution (see below): by the size rule, always, never
 //   HK_CUDA_POISON=1       fill the arena with NaN at construction (tests: unwritten reads show)
+//
+// Padding-free execution: when the number of valid tokens T = sum(lengths) is known on the host
+// (the host path computes it; forward_device takes it as `tokens`), the forward runs on the valid
+// tokens only: the first LayerNorm packs them (row seq_start[b] + s), GEMMs and row kernels run
+// on Tcap rows, attention takes the packed layout, and the final LayerNorm scatters back to
+// [B, S, D] (padded rows written as zeros). Tcap is T rounded up to a bucket of
+// max(256, B*S/32) rows, so a new `lengths` vector reuses the plan and graphs of its bucket
+// (at most ~32 buckets per B, each planned and captured on first use; the rows between T and
+// Tcap are zero-filled and cost at most 1/32 of the dense work). `auto` packs when Tcap is at
+// most 85% of B*S and B*S >= 4096 rows; below that the dense plan is kept (the packing kernel's
+// extra launch would outweigh the saving).
 //
 // Not thread-safe: one call at a time per engine. Calls on different streams are ordered by
 // the engine itself (each forward waits for the previous one: they share the arena).
@@ -48,8 +60,8 @@ struct Routes {
   bool tune_verbose = false;   // HK_TUNE_VERBOSE
   bool tune_remeasure = false; // HK_TUNE_REMEASURE
   // Further pins by decision family -> candidate id: "attention" (flash, flash.q64, flash.q16,
-  // cudnn), "gelu" (erf, epilogue), "gemm_layout" (nk, kn), "gemm_algo" (0..7), "chains" (off),
-  // "graph" (1, 0). The booleans above pin too.
+  // cudnn, materialized), "gelu" (erf, epilogue), "gemm_layout" (nk, kn), "gemm_algo" (0..7),
+  // "chains" (off), "graph" (1, 0), "pack" (1, 0). The booleans above pin too.
   std::map<std::string, std::string> pins;
 };
 // Parses the knobs above; throws hk::Error naming the variable on a value it does not know.
@@ -88,10 +100,15 @@ class CudaEngine : public Engine {
   // Device-resident forward, asynchronous on `stream`: x [B, S, D] fp32, lengths [B] int32 (or
   // null: all valid), y [B, S, D] fp32, all device pointers, x and y 16-byte aligned. x is never
   // written (y may be x). Graph mode caches one graph per pointer set: reuse buffers.
-  void forward_device(const float* x, const int32_t* lengths, int B, float* y, cudaStream_t stream);
+  // `tokens`: the sum of lengths when the caller knows it (>= 0), which allows padding-free
+  // execution; -1: unknown (dense plan). A wrong count gives a wrong result: the packing kernel
+  // never writes beyond its rows, and raises a flag the next host-path forward reports.
+  void forward_device(const float* x, const int32_t* lengths, int B, float* y, cudaStream_t stream,
+                      int64_t tokens = -1);
   // Same, into one of two engine-owned output buffers used alternately: the returned pointer
   // stays valid (and unchanged) until the second forward call after this one.
-  const float* forward_device(const float* x, const int32_t* lengths, int B, cudaStream_t stream);
+  const float* forward_device(const float* x, const int32_t* lengths, int B, cudaStream_t stream,
+                              int64_t tokens = -1);
 
   // Plans B now (descriptors, algorithms, attention preparation); in graph mode also warms up
   // (one real forward: y is overwritten) and captures the graphs of
@@ -99,9 +116,13 @@ class CudaEngine : public Engine {
   //   x set, y null:     forward_device(x, lengths, B, stream) (both engine-owned outputs)
   //   x and y set:       forward_device(x, lengths, B, y, stream)
   // Keeps setup out of timed loops. Synchronous.
-  void prepare(int B, const float* x = nullptr, const int32_t* lengths = nullptr, float* y = nullptr);
+  void prepare(int B, const float* x = nullptr, const int32_t* lengths = nullptr, float* y = nullptr,
+               int64_t tokens = -1);
 
+  // Of the plan of B used last (dense or padding-free).
   TuneReport tune_report(int B) const;
+  // Token rows the plan of (B, tokens) runs on: B * S (dense) or the padding-free bucket.
+  int64_t plan_rows(int B, int64_t tokens) const;
 
   int max_batch() const;
   int seq_len() const;

@@ -1,11 +1,12 @@
-// CUDA graphs of the CUDA engine: one captured forward per (B, input, lengths, output) pointer
-// set, replayed per call. Capture bakes pointers into the graph, hence the key; a small LRU keeps
+// CUDA graphs of the CUDA engine: one captured forward per (B, token rows, input, lengths,
+// output) set, replayed per call. Capture bakes pointers into the graph, hence the key; a small LRU keeps
 // the host path's two alternating outputs and a benchmark's fixed buffers resident.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <list>
 
@@ -16,8 +17,9 @@ struct GraphKey {
   const void* x = nullptr;
   const void* lengths = nullptr;
   const void* y = nullptr;
+  int64_t rows = 0;  // token rows of the plan (B * S dense; fewer when padding-free)
   bool operator==(const GraphKey& o) const {
-    return batch == o.batch && x == o.x && lengths == o.lengths && y == o.y;
+    return batch == o.batch && x == o.x && lengths == o.lengths && y == o.y && rows == o.rows;
   }
 };
 

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "common.cuh"
 #include "ptx.cuh"
@@ -168,62 +169,84 @@ __device__ __forceinline__ void gelu_mma(float (&acc)[NT][4], const float (&c)[C
   }
 }
 
-// LayerNorm statistics of the thread's two rows (g, g+8) across the quad. Columns >= D hold
-// exact zeros (padded kernels), so their (0 - mean)^2 terms are removed afterwards.
-template <int NT, int DP, bool kPad>
-__device__ __forceinline__ void row_stats(const float (&acc)[NT][4], int D, float eps, float (&mean)[2],
-                                          float (&rstd)[2]) {
+// LayerNorm statistics of the thread's two rows (g, g+8) across the quad, of the rows shifted by
+// their first element (column 0: acc[0][0] / acc[0][2] of the quad's leader): a constant row gets
+// variance exactly 0, and rows far from zero keep the accuracy of their spread. Padded kernels
+// leave out the n8 tiles past D (D % 8 == 0: a tile is wholly in or out), so padding needs no
+// correction. The normalised value is ((acc - shift) - mean) * rstd.
+struct RowStats {
+  float shift[2];
+  float mean[2];  // of the shifted row
+  float rstd[2];
+};
+
+template <int NT, bool kPad>
+__device__ __forceinline__ RowStats row_stats(const float (&acc)[NT][4], int D, float eps) {
+  const int leader = int(threadIdx.x & 31u) & ~3;
+  const int nt = kPad ? D / 8 : NT;
+  // Padded kernels mask tiles past D with selects (branches there spill pad256); the variance
+  // loop gets its own copy of the tile count so that the sum loop's predicates are not kept.
+  const int nt_v = kPad ? __shfl_sync(0xffffffffu, nt, leader) : NT;
+  RowStats st;
+  float sh0 = __shfl_sync(0xffffffffu, acc[0][0], leader);
+  float sh1 = __shfl_sync(0xffffffffu, acc[0][2], leader);
   float s0 = 0.f, s1 = 0.f;
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
-    s0 += acc[j][0] + acc[j][1];
-    s1 += acc[j][2] + acc[j][3];
+    const bool in = !kPad || j < nt;
+    s0 += in ? (acc[j][0] - sh0) + (acc[j][1] - sh0) : 0.f;
+    s1 += in ? (acc[j][2] - sh1) + (acc[j][3] - sh1) : 0.f;
   }
   s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
   s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
   s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
   s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-  mean[0] = s0 / float(D);
-  mean[1] = s1 / float(D);
+  const float m0 = s0 / float(D), m1 = s1 / float(D);
+  // The shift (and below, the mean) reach each later loop through a (value-preserving) quad
+  // broadcast: with the same register, the compiler keeps every centred value of one loop alive
+  // for the next, D/2 more registers next to the residual (spills at D = 256).
+  sh0 = __shfl_sync(0xffffffffu, sh0, leader);
+  sh1 = __shfl_sync(0xffffffffu, sh1, leader);
   float q0 = 0.f, q1 = 0.f;
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
-    const float a = acc[j][0] - mean[0], b = acc[j][1] - mean[0];
-    const float c = acc[j][2] - mean[1], d = acc[j][3] - mean[1];
-    q0 += a * a + b * b;
-    q1 += c * c + d * d;
+    const bool in = !kPad || j < nt_v;
+    const float a = (acc[j][0] - sh0) - m0, b = (acc[j][1] - sh0) - m0;
+    const float c = (acc[j][2] - sh1) - m1, d = (acc[j][3] - sh1) - m1;
+    q0 += in ? a * a + b * b : 0.f;
+    q1 += in ? c * c + d * d : 0.f;
   }
   q0 += __shfl_xor_sync(0xffffffffu, q0, 1);
   q1 += __shfl_xor_sync(0xffffffffu, q1, 1);
   q0 += __shfl_xor_sync(0xffffffffu, q0, 2);
   q1 += __shfl_xor_sync(0xffffffffu, q1, 2);
-  if constexpr (kPad) {
-    q0 = fmaxf(q0 - float(DP - D) * mean[0] * mean[0], 0.f);
-    q1 = fmaxf(q1 - float(DP - D) * mean[1] * mean[1], 0.f);
-  }
-  rstd[0] = rsqrtf(q0 / float(D) + eps);
-  rstd[1] = rsqrtf(q1 / float(D) + eps);
-  // The normaliser gets the means through a (value-preserving) quad broadcast: with the same
-  // register, the compiler keeps every centred value (acc - mean) of the variance loop alive for
-  // the normalisation, D/2 more registers next to the residual (spills at D = 256).
-  const int leader = int(threadIdx.x & 31u) & ~3;
-  mean[0] = __shfl_sync(0xffffffffu, mean[0], leader);
-  mean[1] = __shfl_sync(0xffffffffu, mean[1], leader);
+  st.rstd[0] = rsqrtf(q0 / float(D) + eps);
+  st.rstd[1] = rsqrtf(q1 / float(D) + eps);
+  st.shift[0] = __shfl_sync(0xffffffffu, sh0, leader);
+  st.shift[1] = __shfl_sync(0xffffffffu, sh1, leader);
+  st.mean[0] = __shfl_sync(0xffffffffu, m0, leader);
+  st.mean[1] = __shfl_sync(0xffffffffu, m1, leader);
+  return st;
+}
+
+// LN value of one accumulator element; half 0: row g (elements 0, 1), half 1: row g+8 (2, 3).
+__device__ __forceinline__ float ln_value(float a, const RowStats& st, int half, float w, float b) {
+  return ((a - st.shift[half]) - st.mean[half]) * st.rstd[half] * w + b;
 }
 
 // LN(acc; w, b) as fp16 into the warp tile (row stride SA halves); padded columns get w = b = 0.
 template <int NT, int SA>
-__device__ __forceinline__ void store_ln_f16(const float (&acc)[NT][4], const float (&mean)[2], const float (&rstd)[2],
-                                             const float* w, const float* b, uint32_t tile, int g, int t) {
+__device__ __forceinline__ void store_ln_f16(const float (&acc)[NT][4], const RowStats& st, const float* w,
+                                             const float* b, uint32_t tile, int g, int t) {
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int col = 8 * j + 2 * t;
     const float2 w2 = *reinterpret_cast<const float2*>(w + col);
     const float2 b2 = *reinterpret_cast<const float2*>(b + col);
     st_shared_u32(tile + uint32_t(g * SA + col) * 2u,
-                  pack_half2((acc[j][0] - mean[0]) * rstd[0] * w2.x + b2.x, (acc[j][1] - mean[0]) * rstd[0] * w2.y + b2.y));
+                  pack_half2(ln_value(acc[j][0], st, 0, w2.x, b2.x), ln_value(acc[j][1], st, 0, w2.y, b2.y)));
     st_shared_u32(tile + uint32_t((g + 8) * SA + col) * 2u,
-                  pack_half2((acc[j][2] - mean[1]) * rstd[1] * w2.x + b2.x, (acc[j][3] - mean[1]) * rstd[1] * w2.y + b2.y));
+                  pack_half2(ln_value(acc[j][2], st, 1, w2.x, b2.x), ln_value(acc[j][3], st, 1, w2.y, b2.y)));
   }
 }
 
@@ -324,7 +347,6 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
   auto epilogue = [&](float (&acc)[NT][4], uint32_t tile, int64_t row0) {
     const int64_t r0 = row0 + g, r1 = row0 + g + 8;
     add_bias(acc, v_bout);
-    float mean[2], rstd[2];
     if (!p.tail) {
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
@@ -333,9 +355,9 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
         if (r0 < rows) *reinterpret_cast<float2*>(p.x_out + r0 * D + col) = make_float2(acc[j][0], acc[j][1]);
         if (r1 < rows) *reinterpret_cast<float2*>(p.x_out + r1 * D + col) = make_float2(acc[j][2], acc[j][3]);
       }
-      row_stats<NT, DP, kPad>(acc, D, p.eps, mean, rstd);
+      const RowStats st = row_stats<NT, kPad>(acc, D, p.eps);
       __syncwarp();
-      store_ln_f16<NT, SA>(acc, mean, rstd, v_lnw, v_lnb, tile, g, t);
+      store_ln_f16<NT, SA>(acc, st, v_lnw, v_lnb, tile, g, t);
       __syncwarp();
       constexpr int kChunks = DP / 8;
 #pragma unroll
@@ -346,26 +368,39 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
         }
       }
     } else {
-      row_stats<NT, DP, kPad>(acc, D, p.eps, mean, rstd);
-      // 32-bit division (rows < 2^31, checked at launch): the 64-bit one is a call, and a call
-      // with the residual row live spills it.
-      const uint32_t S = uint32_t(p.S), u0 = uint32_t(r0), u1 = uint32_t(r1);
-      const bool v0 = r0 < rows && (p.lengths == nullptr || int(u0 % S) < p.lengths[u0 / S]);
-      const bool v1 = r1 < rows && (p.lengths == nullptr || int(u1 % S) < p.lengths[u1 / S]);
+      const RowStats st = row_stats<NT, kPad>(acc, D, p.eps);
+      // Destination rows: the row itself (padded layout: padded rows get zeros), or row_dst
+      // (packed layout: rows with row_dst < 0 are not written). 32-bit division (rows < 2^31,
+      // checked at launch): the 64-bit one is a call, and a call with the residual row live
+      // spills it.
+      const uint32_t u0 = uint32_t(r0), u1 = uint32_t(r1);
+      int64_t d0 = r0, d1 = r1;
+      bool w0 = r0 < rows, w1 = r1 < rows;  // row written
+      bool v0 = w0, v1 = w1;                // row normalised (else zeros)
+      if (p.row_dst != nullptr) {
+        d0 = w0 ? p.row_dst[u0] : -1;
+        d1 = w1 ? p.row_dst[u1] : -1;
+        w0 = v0 = d0 >= 0;
+        w1 = v1 = d1 >= 0;
+      } else if (p.lengths != nullptr) {
+        const uint32_t S = uint32_t(p.S);
+        v0 = w0 && int(u0 % S) < p.lengths[u0 / S];
+        v1 = w1 && int(u1 % S) < p.lengths[u1 / S];
+      }
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const int col = 8 * j + 2 * t;
         if (kPad && col >= D) continue;
         const float2 w = *reinterpret_cast<const float2*>(v_lnw + col);
         const float2 b = *reinterpret_cast<const float2*>(v_lnb + col);
-        if (r0 < rows) {
-          *reinterpret_cast<float2*>(p.y + r0 * D + col) =
-              v0 ? make_float2((acc[j][0] - mean[0]) * rstd[0] * w.x + b.x, (acc[j][1] - mean[0]) * rstd[0] * w.y + b.y)
+        if (w0) {
+          *reinterpret_cast<float2*>(p.y + d0 * D + col) =
+              v0 ? make_float2(ln_value(acc[j][0], st, 0, w.x, b.x), ln_value(acc[j][1], st, 0, w.y, b.y))
                  : make_float2(0.f, 0.f);
         }
-        if (r1 < rows) {
-          *reinterpret_cast<float2*>(p.y + r1 * D + col) =
-              v1 ? make_float2((acc[j][2] - mean[1]) * rstd[1] * w.x + b.x, (acc[j][3] - mean[1]) * rstd[1] * w.y + b.y)
+        if (w1) {
+          *reinterpret_cast<float2*>(p.y + d1 * D + col) =
+              v1 ? make_float2(ln_value(acc[j][2], st, 1, w.x, b.x), ln_value(acc[j][3], st, 1, w.y, b.y))
                  : make_float2(0.f, 0.f);
         }
       }
@@ -422,10 +457,9 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
       // ln2 -> h (fp16) over the o tile
       {
         add_bias(acc, v_bo);
-        float mean[2], rstd[2];
-        row_stats<NT, DP, kPad>(acc, D, p.eps, mean, rstd);
+        const RowStats st = row_stats<NT, kPad>(acc, D, p.eps);
         __syncwarp();
-        store_ln_f16<NT, SA>(acc, mean, rstd, v_ln2w, v_ln2b, tile, g, t);
+        store_ln_f16<NT, SA>(acc, st, v_ln2w, v_ln2b, tile, g, t);
         __syncwarp();
       }
       // ffn_in + GELU + ffn_out, chunk by chunk
@@ -496,10 +530,9 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
       }
       {
         add_bias(acc, v_bo);
-        float mean[2], rstd[2];
-        row_stats<NT, DP, kPad>(acc, D, p.eps, mean, rstd);
+        const RowStats st = row_stats<NT, kPad>(acc, D, p.eps);
         __syncwarp();
-        store_ln_f16<NT, SA>(acc, mean, rstd, v_ln2w, v_ln2b, tile, g, t);
+        store_ln_f16<NT, SA>(acc, st, v_ln2w, v_ln2b, tile, g, t);
         __syncwarp();
       }
 #pragma unroll 1
@@ -560,37 +593,101 @@ bool fits_device() {
   return smem_bytes<DP, FP>(1, 1) <= size_t(device_limits().smem_optin);
 }
 
+// What a launch of `rows` rows with `cfg` runs: the single place that clamps a configuration.
+struct Resolved {
+  int warps = 0;
+  int nbuf = 1;
+  size_t smem = 0;
+  int occ = 0;       // CTAs per SM
+  int64_t grid = 0;
+  bool exact = false;  // cfg's explicit fields are what runs (no clamping)
+};
+
 template <int DP, int FP, bool kPad>
-void launch(const PostAttnParams& p, cudaStream_t stream, const PostAttnConfig& cfg) {
+Resolved resolve(const PostAttnConfig& cfg, int64_t rows, const DeviceLimits& lim) {
   using T = Tile<DP, FP>;
   raise_smem_limit<DP, FP, kPad>();
-  const DeviceLimits lim = device_limits();
   constexpr int kMaxWarps = max_warps<DP, FP, kPad>();
-  int warps = cfg.warps > 0 ? std::min(cfg.warps, kMaxWarps) : kMaxWarps;
-  int nbuf = (T::kResident && cfg.prefetch != 0) ? 2 : 1;
+  Resolved r;
+  r.warps = cfg.warps > 0 ? std::min(cfg.warps, kMaxWarps) : kMaxWarps;
+  r.nbuf = (T::kResident && cfg.prefetch != 0) ? 2 : 1;
   // Too big for this device: drop the o double buffer first (unless asked for), then warps.
-  while (smem_bytes<DP, FP>(warps, nbuf) > size_t(lim.smem_optin)) {
-    if (nbuf == 2 && cfg.prefetch != 1) {
-      nbuf = 1;
-    } else if (warps > 1) {
-      --warps;
-    } else if (nbuf == 2) {
-      nbuf = 1;
+  while (smem_bytes<DP, FP>(r.warps, r.nbuf) > size_t(lim.smem_optin)) {
+    if (r.nbuf == 2 && cfg.prefetch != 1) {
+      r.nbuf = 1;
+    } else if (r.warps > 1) {
+      --r.warps;
+    } else if (r.nbuf == 2) {
+      r.nbuf = 1;
     } else {
       throw std::invalid_argument("hk::post_attn[cuda.fused]: shared memory of this device too small");
     }
   }
-  const size_t smem = smem_bytes<DP, FP>(warps, nbuf);
-  auto kernel = post_attn_kernel<DP, FP, kPad>;
-  int occ = 0;
-  HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, warps * 32, smem));
-  if (occ < 1) throw std::invalid_argument("hk::post_attn[cuda.fused]: kernel does not fit on an SM");
+  r.exact = (cfg.warps <= 0 || cfg.warps == r.warps) &&
+            (cfg.prefetch < 0 || (cfg.prefetch == 1) == (r.nbuf == 2));
+  r.smem = smem_bytes<DP, FP>(r.warps, r.nbuf);
+  HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.occ, post_attn_kernel<DP, FP, kPad>, r.warps * 32,
+                                                              r.smem));
+  if (r.occ < 1) throw std::invalid_argument("hk::post_attn[cuda.fused]: kernel does not fit on an SM");
   // Persistent: at most one wave; fewer CTAs when there is not enough work to deal out.
-  const int64_t units = T::kResident ? (p.rows + kWarpRows - 1) / kWarpRows
-                                     : (p.rows + int64_t(warps) * kWarpRows - 1) / (int64_t(warps) * kWarpRows);
-  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(int64_t(occ) * lim.sms, units));
-  kernel<<<unsigned(grid), unsigned(warps * 32), smem, stream>>>(p, nbuf);
+  const int64_t units = T::kResident ? (rows + kWarpRows - 1) / kWarpRows
+                                     : (rows + int64_t(r.warps) * kWarpRows - 1) / (int64_t(r.warps) * kWarpRows);
+  r.grid = std::max<int64_t>(1, std::min<int64_t>(int64_t(r.occ) * lim.sms, units));
+  return r;
+}
+
+template <int DP, int FP, bool kPad>
+void launch(const PostAttnParams& p, cudaStream_t stream, const PostAttnConfig& cfg) {
+  const Resolved r = resolve<DP, FP, kPad>(cfg, p.rows, device_limits());
+  post_attn_kernel<DP, FP, kPad><<<unsigned(r.grid), unsigned(r.warps * 32), r.smem, stream>>>(p, r.nbuf);
   HK_CUDA_CHECK_LAUNCH();
+}
+
+template <int DP, int FP, bool kPad>
+PostAttnConfig effective(int64_t rows, const PostAttnConfig& cfg) {
+  const Resolved r = resolve<DP, FP, kPad>(cfg, rows, device_limits());
+  return PostAttnConfig{r.warps, r.nbuf == 2 ? 1 : 0};
+}
+
+// See post_attn_fused_candidates in the header for the reasons of each group.
+template <int DP, int FP, bool kPad>
+std::vector<PostAttnConfig> candidates(int64_t rows) {
+  using T = Tile<DP, FP>;
+  const DeviceLimits lim = device_limits();
+  std::vector<PostAttnConfig> out{PostAttnConfig{}};
+  std::vector<PostAttnConfig> runs{effective<DP, FP, kPad>(rows, PostAttnConfig{})};
+  auto add = [&](const PostAttnConfig& c) {
+    if (c.warps < 1) return;
+    const Resolved r = resolve<DP, FP, kPad>(c, rows, lim);
+    if (!r.exact) return;
+    const PostAttnConfig run{r.warps, r.nbuf == 2 ? 1 : 0};
+    if (std::find(runs.begin(), runs.end(), run) != runs.end()) return;
+    runs.push_back(run);
+    out.push_back(c);
+  };
+  const Resolved d = resolve<DP, FP, kPad>(PostAttnConfig{}, rows, lim);
+  if constexpr (T::kResident) {
+    const int64_t blocks = (rows + kWarpRows - 1) / kWarpRows;
+    if (blocks > d.grid * d.warps) {
+      add(PostAttnConfig{d.warps, d.nbuf == 2 ? 0 : 1});
+      for (const int w : {d.warps * 2 / 3, d.warps / 2}) {
+        const size_t before = out.size();
+        add(PostAttnConfig{w, 1});
+        if (out.size() == before) add(PostAttnConfig{w, 0});
+      }
+    } else {
+      add(PostAttnConfig{d.warps, 0});
+      add(PostAttnConfig{4, 0});
+      add(PostAttnConfig{1, 0});
+    }
+  } else {
+    Resolved prev = d;
+    for (int w = d.warps / 2; w >= 1 && prev.grid < int64_t(prev.occ) * lim.sms; w /= 2) {
+      add(PostAttnConfig{w, -1});
+      prev = resolve<DP, FP, kPad>(PostAttnConfig{w, -1}, rows, lim);
+    }
+  }
+  return out;
 }
 
 bool aligned(const void* ptr, uintptr_t a) { return (reinterpret_cast<uintptr_t>(ptr) & (a - 1)) == 0; }
@@ -606,7 +703,10 @@ void validate(const PostAttnParams& p) {
     fail("null input pointer");
   }
   if (p.tail ? !p.y : (!p.x_out || !p.h_out)) fail("null output pointer");
-  if (p.tail && p.S < 1) fail("S < 1 in the tail variant");
+  if (p.tail && !p.row_dst && p.S < 1) fail("S < 1 in the tail variant");
+  if (p.tail && p.row_dst && static_cast<const void*>(p.y) == static_cast<const void*>(p.x_in)) {
+    fail("y must not alias x_in with row_dst (rows move)");
+  }
   if (!aligned(p.o, 16) || !aligned(p.w_o, 16) || !aligned(p.w_in, 16) || !aligned(p.w_out, 16)) {
     fail("o and the weights must be 16-byte aligned");
   }
@@ -657,6 +757,29 @@ void post_attn_fused(const PostAttnParams& p, cudaStream_t stream, const PostAtt
 }
 
 void post_attn_fused(const PostAttnParams& p, cudaStream_t stream) { post_attn_fused(p, stream, PostAttnConfig{}); }
+
+PostAttnConfig post_attn_fused_effective(int D, int F, int64_t rows, const PostAttnConfig& config) {
+  if (!post_attn_fused_supports(D, F)) return PostAttnConfig{};
+  switch (pick_variant(D, F)) {
+    case Variant::d64: return effective<64, 64, false>(rows, config);
+    case Variant::d128: return effective<128, 128, false>(rows, config);
+    case Variant::d256: return effective<256, 256, false>(rows, config);
+    case Variant::pad128: return effective<128, 128, true>(rows, config);
+    default: return effective<256, 256, true>(rows, config);
+  }
+}
+
+std::vector<PostAttnConfig> post_attn_fused_candidates(int D, int F, int64_t rows) {
+  if (!post_attn_fused_supports(D, F)) return {};
+  rows = std::max<int64_t>(rows, 1);
+  switch (pick_variant(D, F)) {
+    case Variant::d64: return candidates<64, 64, false>(rows);
+    case Variant::d128: return candidates<128, 128, false>(rows);
+    case Variant::d256: return candidates<256, 256, false>(rows);
+    case Variant::pad128: return candidates<128, 128, true>(rows);
+    default: return candidates<256, 256, true>(rows);
+  }
+}
 
 const char* post_attn_fused_name(int D, int F) {
   switch (pick_variant(D, F)) {

@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace hk::cuda {
 
@@ -37,9 +38,14 @@ struct PostAttnParams {
   const float* ln_next_w = nullptr;  // next layer's norm1, or final_norm in the tail variant
   const float* ln_next_b = nullptr;
   __half* h_out = nullptr;         // [rows, D] non-tail: LN(x_out; ln_next), 16-byte aligned
-  float* y = nullptr;              // [rows, D] tail: LN(x; final_norm), zeros on padded rows (may alias x_in)
+  float* y = nullptr;              // [rows, D] tail: LN(x; final_norm), zeros on padded rows (may alias x_in
+                                   // when row_dst is null)
   const int32_t* lengths = nullptr;  // tail: row r is valid iff r % S < lengths[r / S]; null = all valid
   int S = 1;
+  // Tail, packed layout (rownorm.cuh: pack_layer_norm): row r's y goes to row row_dst[r] of y
+  // (not written when row_dst[r] < 0; lengths and S are then ignored, and y must not alias
+  // x_in). Null: y rows are the rows themselves. Ignored outside the tail.
+  const int32_t* row_dst = nullptr;
   bool tail = false;
   int64_t rows = 0;
   int D = 0;
@@ -55,6 +61,9 @@ struct PostAttnConfig {
   int warps = 0;
   int prefetch = -1;
 };
+inline bool operator==(const PostAttnConfig& a, const PostAttnConfig& b) {
+  return a.warps == b.warps && a.prefetch == b.prefetch;
+}
 
 // True when this build can run (D, F): D and F multiples of 8 with D <= 256 and F <= 256.
 // Exact kernels for (64,64), (128,128) (weights resident in shared memory, persistent CTAs) and
@@ -71,6 +80,24 @@ bool post_attn_fused_supports(int D, int F);
 // rows == 0 launches nothing.
 void post_attn_fused(const PostAttnParams& p, cudaStream_t stream);
 void post_attn_fused(const PostAttnParams& p, cudaStream_t stream, const PostAttnConfig& config);
+
+// The configuration a launch of (D, F, rows) with `config` would run on the current device, after
+// clamping to the kernel's limits and its shared memory: warps > 0 and prefetch 0 / 1 (always 0
+// for the streamed kernels). {0, -1} if (D, F) is unsupported.
+PostAttnConfig post_attn_fused_effective(int D, int F, int64_t rows, const PostAttnConfig& config);
+
+// Configurations worth timing for (D, F, rows) on the current device, the automatic one first
+// (empty if unsupported). Every other entry runs exactly as given (post_attn_fused_effective
+// returns its warps and, where it sets one, its prefetch) and no two entries run the same
+// configuration:
+//   streamed kernels (d256, pad256): fewer warps per CTA while the larger count leaves SMs idle
+//     (a CTA covers 16 * warps rows: fewer warps = more CTAs, e.g. 128 rows: 1 CTA at 8 warps);
+//   resident kernels, warps with several row blocks each: the o double buffer flipped, and
+//     2/3 and 1/2 of the warps with the double buffer (fewer warps leave it room on the A100);
+//   resident kernels, at most one row block per warp (few rows: the grid is one CTA per row
+//     block whatever the warp count): no double buffer, and 4 and 1 warps per CTA (smaller
+//     CTAs: idle warps and smem the row blocks do not use).
+std::vector<PostAttnConfig> post_attn_fused_candidates(int D, int F, int64_t rows);
 
 // Profiler name of the kernel (D, F) runs on, e.g. "hk::post_attn[cuda.fused.d128]",
 // "hk::post_attn[cuda.fused.d256.stream]", "hk::post_attn[cuda.fused.pad128]"; "" if unsupported.

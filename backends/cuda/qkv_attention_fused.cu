@@ -69,6 +69,7 @@ struct FusedArgs {
   const __half* bias;
   __half* o;
   const int32_t* lengths;
+  const int32_t* seq_start;  // null: dense rows b*S + s
   int B, S, D;
   float scale_log2;
   bool causal;
@@ -100,6 +101,12 @@ using namespace ptx;
 __device__ __forceinline__ int seq_len(const FusedArgs& a, int b) {
   const int len = a.lengths ? a.lengths[b] : a.S;
   return len < 0 ? 0 : (len > a.S ? a.S : len);
+}
+
+// Row of position 0 of sequence b in h and o (layout contract: attention.hpp). 32 bits: token
+// counts are int32 like seq_start (supports() checks B*S).
+__device__ __forceinline__ int seq_row0(const FusedArgs& a, int b) {
+  return a.seq_start ? a.seq_start[b] : b * a.S;
 }
 
 // ---- the kernel ---------------------------------------------------------------------------------
@@ -153,7 +160,8 @@ __global__ void __launch_bounds__(kThreads, Unit<HD>::kMinBlocks) qkv_attention_
 
   // h rows of the pass starting at sequence `first`: rows the pass needs as keys (and hence as
   // queries) are copied, every other row of the pass is zero-filled so all projected values stay
-  // finite (a NaN v row would survive P = 0).
+  // finite (a NaN v row would survive P = 0). Only positions s < len are ever read, which is what
+  // the packed layout requires (the next sequence starts at position len).
   auto load_h = [&](int first) {
     for (int idx = tid; idx < rows * kchunks; idx += kThreads) {
       const int r = idx / kchunks, c = idx - (idx / kchunks) * kchunks;
@@ -164,7 +172,7 @@ __global__ void __launch_bounds__(kThreads, Unit<HD>::kMinBlocks) qkv_attention_
         const int len = seq_len(a, b);
         ok = s < (a.causal ? min(len, qt1 * 16) : len);
       }
-      cp_async_16(smem_u32(sH + r * LDH + c * 8), ok ? a.h + (int64_t(b) * a.S + s) * D + c * 8 : a.h, ok ? 16 : 0);
+      cp_async_16(smem_u32(sH + r * LDH + c * 8), ok ? a.h + (int64_t(seq_row0(a, b)) + s) * D + c * 8 : a.h, ok ? 16 : 0);
     }
     cp_async_commit();
   };
@@ -194,13 +202,15 @@ __global__ void __launch_bounds__(kThreads, Unit<HD>::kMinBlocks) qkv_attention_
     const bool need_q = in_chunk && lt * 16 < len;
     const bool need_kv = has_tile && lt * 16 < kend;
 
-    // Query tiles of this chunk that are all padding: zeros for every head of the CTA.
-    if (in_chunk && !need_q) {
+    // Query tiles of this chunk that are all padding: zeros for every head of the CTA (dense
+    // layout only: packed, these positions belong to the next sequence).
+    if (in_chunk && !need_q && !a.seq_start) {
+      const int row0 = seq_row0(a, b);
       const int r_end = min(a.S - lt * 16, 16);
       const int cpr = a.heads_per_cta * HD / 8;  // 16-byte chunks per row
       for (int idx = lane; idx < r_end * cpr; idx += 32) {
         const int r = idx / cpr, c = idx - (idx / cpr) * cpr;
-        *reinterpret_cast<uint4*>(a.o + (int64_t(b) * a.S + lt * 16 + r) * D + head0 * HD + c * 8) =
+        *reinterpret_cast<uint4*>(a.o + (int64_t(row0) + lt * 16 + r) * D + head0 * HD + c * 8) =
             make_uint4(0, 0, 0, 0);
       }
     }
@@ -357,17 +367,21 @@ __global__ void __launch_bounds__(kThreads, Unit<HD>::kMinBlocks) qkv_attention_
               }
             }
           }
-          // Normalise and store; query rows >= len get zeros, rows >= S do not exist.
-          __half* ob = a.o + (head0 + u * G + j) * HD + 2 * t;
+          // Normalise and store; query rows >= len get zeros (dense) or are not part of o (packed),
+          // rows >= S do not exist.
+          // Row 0 is looked up here rather than kept live through the loop: one register less
+          // keeps hd 32 within the 128-register cap of 2 CTAs/SM.
+          __half* ob = a.o + int64_t(seq_row0(a, b)) * D + (head0 + u * G + j) * HD + 2 * t;
+          const int row_end = a.seq_start ? len : a.S;  // positions of this sequence that exist in o
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
             l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
             const int qi = qi0 + 8 * r;
-            if (qi >= a.S) continue;
+            if (qi >= row_end) continue;
             const bool valid = qi < len;
             const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-            __half* row = ob + (int64_t(b) * a.S + qi) * D;
+            __half* row = ob + int64_t(qi) * D;
 #pragma unroll
             for (int dt = 0; dt < ND; ++dt)
               *reinterpret_cast<__half2*>(row + dt * 8) =
@@ -437,6 +451,7 @@ int64_t grid_of(const QkvAttentionParams& p, const QkvAttentionMap& m) {
 
 bool shape_supported(const QkvAttentionParams& p) {
   if (p.B < 0 || p.S < 1 || p.S > kMaxS || p.H < 1 || !head_dim_supported(p.head_dim)) return false;
+  if (int64_t(p.B) * p.S > INT_MAX) return false;  // row indices are int32 (seq_row0)
   if (int64_t(p.H) * p.head_dim != p.D || p.D % 16 != 0) return false;
   if (p.B > 0) {
     if (!p.h || !p.w_qkv || !p.b_qkv || !p.o) return false;
@@ -461,6 +476,7 @@ FusedArgs make_args(const QkvAttentionParams& p, const QkvAttentionMap& m) {
   a.bias = p.b_qkv;
   a.o = p.o;
   a.lengths = p.lengths;
+  a.seq_start = p.seq_start;
   a.B = p.B;
   a.S = p.S;
   a.D = p.D;

@@ -12,6 +12,9 @@
 //
 // Semantics (those of attention.hpp): key j is allowed iff j < lengths[b] and (!causal or j <= i);
 // rows s >= lengths[b] of o are written as zeros (a sequence of length 0 writes zeros only).
+// Packed layout (seq_start set): token s of sequence b is row seq_start[b] + s of h and o, and
+// positions s >= lengths[b] are not part of the buffers (the next sequence starts there): they
+// are neither read (zero-filled on chip) nor written.
 // q, k, v are fp32 accumulations + bias rounded to fp16 (what the unfused route stores), the
 // softmax is fp32, P is rounded to fp16 for the P V product, o is fp16.
 // Host-compilable header.
@@ -27,11 +30,13 @@
 namespace hk::cuda {
 
 struct QkvAttentionParams {
-  const __half* h = nullptr;          // [B*S, D] LayerNorm output, token s of sequence b at row b*S + s
+  const __half* h = nullptr;          // [tokens, D] LayerNorm output, token s of sequence b at row
+                                      // seq_start[b] + s (packed) or b*S + s (dense)
   const __half* w_qkv = nullptr;      // [3D, D] rows q | k | v (nn.Linear [out, in]); head j of q at rows j*hd..
   const __half* b_qkv = nullptr;      // [3D]
-  __half* o = nullptr;                // [B*S, D], head j at columns j*hd (o_proj reads it directly)
+  __half* o = nullptr;                // [tokens, D] rows as h, head j at columns j*hd (o_proj reads it)
   const int32_t* lengths = nullptr;   // device [B], each in 0..S; null means all S valid
+  const int32_t* seq_start = nullptr; // device [B], first row of each sequence; null = b*S (dense)
   int B = 0, S = 0, D = 0, H = 0, head_dim = 0;
   float scale = 0.f;                  // 1/sqrt(head_dim)
   bool causal = false;
@@ -50,8 +55,9 @@ struct QkvAttentionMap {
 };
 
 // True when the kernel can run these parameters with this map: head_dim in {8, 16, 32, 64, 128},
-// D = H * head_dim a multiple of 16, 1 <= S <= 128, 16-byte aligned h / w_qkv / o, a valid map,
-// and shared memory within the current device's per-block limit.
+// D = H * head_dim a multiple of 16, 1 <= S <= 128, B * S <= INT_MAX (int32 row indices, like
+// seq_start), 16-byte aligned h / w_qkv / o, a valid map, and shared memory within the current
+// device's per-block limit. Dense and packed layouts are served by every map.
 bool qkv_attention_fused_supports(const QkvAttentionParams& p, const QkvAttentionMap& m);
 
 // Supported maps worth timing for this shape, default first (one unit of heads per CTA, short

@@ -1,5 +1,7 @@
 #include "weights.hpp"
 
+#include "arena.hpp"
+
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -80,7 +82,7 @@ DeviceWeights::DeviceWeights(const Model& model, Precision precision) {
   const WeightImage img = build_weight_image(model, precision);
   gemm_type_ = img.gemm_type;
   bytes_ = img.bytes.size();
-  HK_CUDA_CHECK(cudaMalloc(&base_, bytes_));
+  allocate(&base_, bytes_, false, "model weights");
   try {
     HK_CUDA_CHECK(cudaMemcpy(base_, img.bytes.data(), bytes_, cudaMemcpyHostToDevice));
   } catch (...) {

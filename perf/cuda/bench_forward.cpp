@@ -5,7 +5,10 @@
 // prepares the engine (plans, warm-up, graph capture) outside the timed region, then enqueues
 // `reps` forwards back to back, each between two CUDA events, and reports the median as the
 // iteration time (manual time). Counters: tokens/s, TFLOP/s and TB/s against the dense floor
-// counts of perf/device/summarize.py, plus min/p90.
+// counts of perf/device/summarize.py, plus min/p90. The engine is told each input set's valid
+// token count (as hk_forward's host path knows it), so padding-free plans are used where the
+// engine picks them (HK_PACK); `--lengths full` runs every sequence at full length instead of
+// MODEL.md's random lengths (counter plan_rows shows the rows a plan ran on).
 //
 // Measured dispatch (--tune): `env` (default) builds engines from the environment (HK_TUNE etc.);
 // `off` / `on` force untuned / tuned engines; `both` registers two benchmarks per case,
@@ -18,6 +21,7 @@
 //
 // Usage: hk_bench_cuda [--cases path/cases.csv] [--only 1,2,6] [--precision fast|fp32]
 //                      [--reps N] [--tune env|off|on|both] [--tune-cache DIR]
+//                      [--lengths random|full]
 //                      [google benchmark flags]
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
@@ -68,6 +72,7 @@ void check(cudaError_t e, const char* what) {
 }
 
 int g_reps = 0;  // 0: adaptive
+bool g_full = false;  // --lengths full: every sequence at full length (no padding to skip)
 hk::Precision g_precision = hk::Precision::fast;
 std::string g_tune_cache;
 
@@ -116,9 +121,13 @@ void bench_case(benchmark::State& state, Case c, Tune tune) {
   const int sets = int(std::clamp<size_t>((2 * size_t(l2) + x_bytes - 1) / x_bytes, 1, 8));
   std::vector<float*> xs(sets);
   std::vector<int32_t*> lens(sets);
+  std::vector<int64_t> tokens(sets);  // valid tokens per input set: allows padding-free plans
   for (int i = 0; i < sets; ++i) {
     const auto x = hk::synthetic_input(c.B, c.S, c.D, 7000 + 31 * i + c.id);
-    const auto len = hk::synthetic_lengths(c.B, c.S, 9000 + 17 * i + c.id);
+    auto len = hk::synthetic_lengths(c.B, c.S, 9000 + 17 * i + c.id);
+    if (g_full) std::fill(len.begin(), len.end(), c.S);
+    tokens[i] = 0;
+    for (int32_t l : len) tokens[i] += l;
     check(cudaMalloc(&xs[i], x_bytes), "cudaMalloc x");
     check(cudaMalloc(&lens[i], c.B * sizeof(int32_t)), "cudaMalloc lengths");
     check(cudaMemcpy(xs[i], x.data(), x_bytes, cudaMemcpyHostToDevice), "upload x");
@@ -127,20 +136,20 @@ void bench_case(benchmark::State& state, Case c, Tune tune) {
   cudaStream_t stream = engine.stream();
   // The first forward: planning and (tuned) measuring every route decision, warm-up, capture.
   auto t_first = std::chrono::steady_clock::now();
-  engine.forward_device(xs[0], lens[0], c.B, stream);
+  engine.forward_device(xs[0], lens[0], c.B, stream, tokens[0]);
   check(cudaStreamSynchronize(stream), "first forward");
   const double startup_ms = wall_ms(t_first);
   const hk::cuda::TuneReport first = engine.tune_report(c.B);
   // Warm-up: graph captures for every pointer set (both output buffers), clocks up.
   for (int w = 0; w < 3; ++w)
-    for (int i = 0; i < sets; ++i) engine.forward_device(xs[i], lens[i], c.B, stream);
+    for (int i = 0; i < sets; ++i) engine.forward_device(xs[i], lens[i], c.B, stream, tokens[i]);
   check(cudaStreamSynchronize(stream), "warm-up");
 
   cudaEvent_t probe0, probe1;
   check(cudaEventCreate(&probe0), "event");
   check(cudaEventCreate(&probe1), "event");
   check(cudaEventRecord(probe0, stream), "record");
-  engine.forward_device(xs[0], lens[0], c.B, stream);
+  engine.forward_device(xs[0], lens[0], c.B, stream, tokens[0]);
   check(cudaEventRecord(probe1, stream), "record");
   check(cudaEventSynchronize(probe1), "sync");
   float est_ms = 0;
@@ -153,7 +162,7 @@ void bench_case(benchmark::State& state, Case c, Tune tune) {
   for (auto _ : state) {
     for (int r = 0; r < reps; ++r) {
       check(cudaEventRecord(ev[2 * r], stream), "record");
-      engine.forward_device(xs[r % sets], lens[r % sets], c.B, stream);
+      engine.forward_device(xs[r % sets], lens[r % sets], c.B, stream, tokens[r % sets]);
       check(cudaEventRecord(ev[2 * r + 1], stream), "record");
     }
     check(cudaStreamSynchronize(stream), "timed replays");
@@ -177,6 +186,8 @@ void bench_case(benchmark::State& state, Case c, Tune tune) {
   state.counters["p90_ms"] = ms[size_t(reps * 0.9)];
   state.counters["reps"] = reps;
   state.counters["input_sets"] = sets;
+  state.counters["plan_rows"] = double(engine.plan_rows(c.B, tokens[0]));
+  state.counters["valid_tokens"] = double(tokens[0]);
   state.counters["startup_ms"] = startup_ms;
   Result res;
   res.ms = ms[reps / 2];
@@ -196,7 +207,7 @@ void bench_case(benchmark::State& state, Case c, Tune tune) {
     engine_ptr.reset();
     hk::cuda::CudaEngine again(model, opt, routes);
     auto t_again = std::chrono::steady_clock::now();
-    again.forward_device(xs[0], lens[0], c.B, again.stream());
+    again.forward_device(xs[0], lens[0], c.B, again.stream(), tokens[0]);
     check(cudaStreamSynchronize(again.stream()), "second engine");
     res.cached_startup_ms = wall_ms(t_again);
     res.cached = again.tune_report(c.B).cached;
@@ -231,6 +242,11 @@ int main(int argc, char** argv) {
     else if (a == "--precision") g_precision = hk::precision_from_string(value("--precision"));
     else if (a == "--tune") tune_mode = value("--tune");
     else if (a == "--tune-cache") g_tune_cache = value("--tune-cache");
+    else if (a == "--lengths") {
+      const std::string v = value("--lengths");
+      if (v != "random" && v != "full") throw std::runtime_error("--lengths takes random or full");
+      g_full = v == "full";
+    }
     else rest.push_back(argv[i]);
   }
   int ndev = 0;
@@ -258,7 +274,7 @@ int main(int argc, char** argv) {
     if (!only.empty() && ("," + only + ",").find("," + std::to_string(c.id) + ",") == std::string::npos) continue;
     const std::string name = "forward/case:" + std::to_string(c.id) + "/B:" + std::to_string(c.B) +
                              "/S:" + std::to_string(c.S) + "/D:" + std::to_string(c.D) + "/H:" +
-                             std::to_string(c.H) + "/" + hk::to_string(g_precision);
+                             std::to_string(c.H) + "/" + hk::to_string(g_precision) + (g_full ? "/full" : "");
     for (const auto& [mode, suffix] : modes)
       benchmark::RegisterBenchmark((name + suffix).c_str(), bench_case, c, mode)
           ->UseManualTime()

@@ -1,26 +1,34 @@
 #!/usr/bin/env bash
 # The device script: on the GPU machine, in one call, runs the GPU tests, the sanitizers, the
 # accuracy check against the PyTorch reference and the benchmarks (hk and the PyTorch peers in
-# the same run), and leaves its results under $OUT (at most 8 files):
-#   env.txt        device, driver, library versions, measured copy bandwidth and GEMM rate
-#   tests.log      GPU test programs, one section each
-#   sanitizer.log  compute-sanitizer memcheck / racecheck / initcheck / synccheck
-#   accuracy.log   hk_forward vs the float64 PyTorch reference per case
-#   bench_hk.json  Google Benchmark JSON of hk's forward per case
-#   peers.json     PyTorch peers (eager fp32, compiled) per case
-#   summary.md     the table for perf/RESULTS.md
-# Usage: perf/device/run.sh [phase ...]   phases: env tests sanitize accuracy bench peers summary
-#        (default: all). Needs stage/hk-stage.tar.xz from perf/device/stage.sh (carry 'stage').
+# the same run), and leaves its results in $OUT/results.tgz (plus summary.md and status.txt):
+#   env.txt          device, driver, library versions, measured copy bandwidth and GEMM rate
+#   tests.log        GPU test programs, one section each
+#   sanitizer.log    compute-sanitizer memcheck / racecheck / initcheck / synccheck (sanitize.sh)
+#   accuracy.log     hk_forward vs the float64 PyTorch reference per case
+#   bench_hk.json    Google Benchmark JSON of hk's forward per case: untuned and tuned (random lengths)
+#   bench_full.json  the same, tuned, every sequence at full length (phase bench_full)
+#   bench_nopack.json  tuned with HK_PACK=0: the dense plans, for the padding-free gain (phase bench_nopack)
+#   peers.json       PyTorch peers (eager fp32, compiled) per case
+#   regress/         perf/regress run JSON (device identity, build, date) + the per-case plot
+#   summary.md       the tables for perf/RESULTS.md
+# Usage: perf/device/run.sh [phase ...]   phases: env tests sanitize accuracy bench bench_full
+#        bench_nopack peers regress summary (default: all, always run in this order).
+#        Needs stage/hk-stage.tar.xz from perf/device/stage.sh (carry 'stage').
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
-OUT=${OUT:-/tmp/hk-out}
+FINAL=${OUT:-/tmp/hk-out}
+mkdir -p "$FINAL"
+OUT=/tmp/hk-results  # everything lands here first; packed into $FINAL/results.tgz at the end
 mkdir -p "$OUT"
 pkg=/tmp/hk-pkg
 phases=("$@")
-[ ${#phases[@]} -eq 0 ] && phases=(env tests sanitize accuracy bench peers summary)
+[ ${#phases[@]} -eq 0 ] && phases=(env tests sanitize accuracy bench bench_full bench_nopack peers regress summary)
 want() { local p; for p in "${phases[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+# Packs what is there so far, so a run stopped at its time limit still returns its results.
+checkpoint() { tar -C "$OUT" -czf "$FINAL/results.tgz" . 2>/dev/null; }
+stamp() { checkpoint; echo "[$(( $(date +%s) - t0 ))s] $*"; }
 
 if [ ! -d "$pkg/bin" ]; then
   mkdir -p /tmp/hk-unpack && tar -xJf "$root/stage/hk-stage.tar.xz" -C /tmp/hk-unpack && mv /tmp/hk-unpack/pkg "$pkg"
@@ -94,7 +102,11 @@ if want tests; then
   done
 fi
 
-if want sanitize; then
+if want sanitize && [ -x "$share/sanitize.sh" ]; then
+  stamp "sanitize (sanitize.sh)"
+  HK_SAN_BUDGET=${HK_SAN_BUDGET:-360} "$share/sanitize.sh" "$pkg/bin" "$work/san" "$OUT/sanitizer.log" 2>&1 | tail -30
+  status[sanitize]=${PIPESTATUS[0]}
+elif want sanitize; then
   stamp "sanitize"
   : > "$OUT/sanitizer.log"
   hk_generate --batch 3 --seq 33 --d-model 40 --heads 5 --ffn 72 --layers 2 --causal 1 \
@@ -167,18 +179,65 @@ if want bench; then
   fi
 fi
 
+if want bench_full; then
+  stamp "bench_full"
+  (cd "$share" && hk_bench_cuda --tune on --tune-cache "$work/tune-full" --lengths full \
+     --benchmark_format=console --benchmark_out="$OUT/bench_full.json" --benchmark_out_format=json \
+     ${HK_BENCH_FULL_ARGS:-}) 2>&1 | tail -20
+fi
+
+if want bench_nopack; then
+  stamp "bench_nopack"
+  (cd "$share" && HK_PACK=0 hk_bench_cuda --tune on --tune-cache "$work/tune-nopack" \
+     --benchmark_format=console --benchmark_out="$OUT/bench_nopack.json" --benchmark_out_format=json \
+     ${HK_BENCH_NOPACK_ARGS:-}) 2>&1 | tail -20
+fi
+
 if want peers; then
   stamp "peers"
   python3 "$share/peers.py" --cases "$share/cases.csv" --json "$OUT/peers.json" ${HK_PEERS_ARGS:-} 2>&1 | tail -30
 fi
 
+if want regress; then
+  stamp "regress"
+  # The tuned run of the bench phase, wrapped with device identity, build and date, compared with
+  # (or made) the H200 baseline; the plot of per-case speedups of hk and the peers over eager.
+  mkdir -p "$OUT/regress"
+  if [ -f "$OUT/bench_hk.json" ]; then
+    python3 "$share/regress/run.py" --from-json "$OUT/bench_hk.json" --kind cuda --filter '/tuned/' \
+      --git-hash "${HK_GIT_HASH:-unknown}" --build-type Release --results-dir "$OUT/regress" \
+      --baseline-dir "$OUT/regress" --update-baseline 2>&1 | tail -20
+    status[regress]=${PIPESTATUS[0]}
+    run_json=$(ls "$OUT"/regress/cuda-*/*.json 2>/dev/null | head -1)
+    [ -f "$OUT/peers.json" ] && [ -n "$run_json" ] && python3 "$share/regress/plot.py" --hk "$run_json" \
+      --peers "$OUT/peers.json" --out "$OUT/regress/speedups.png" 2>&1 | tail -5
+  fi
+fi
+
 if want summary; then
   stamp "summary"
-  python3 "$share/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_hk.json" --peers "$OUT/peers.json" \
-    --cases "$share/cases.csv" > "$OUT/summary.md" 2>&1
+  {
+    echo "## Random lengths (MODEL.md), tuned"
+    python3 "$share/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_hk.json" --peers "$OUT/peers.json" \
+      --cases "$share/cases.csv" --match '/tuned/'
+    echo; echo "## Random lengths, untuned (HK_TUNE=0)"
+    python3 "$share/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_hk.json" --peers "$OUT/peers.json" \
+      --cases "$share/cases.csv" --match '/untuned/'
+    if [ -f "$OUT/bench_nopack.json" ]; then
+      echo; echo "## Random lengths, tuned, HK_PACK=0 (dense plans)"
+      python3 "$share/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_nopack.json" --peers "$OUT/peers.json" \
+        --cases "$share/cases.csv"
+    fi
+    if [ -f "$OUT/bench_full.json" ]; then
+      echo; echo "## Every sequence at full length, tuned (the peers compute the dense problem either way)"
+      python3 "$share/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_full.json" --peers "$OUT/peers.json" \
+        --cases "$share/cases.csv" --lengths full
+    fi
+  } > "$OUT/summary.md" 2>&1
   cat "$OUT/summary.md"
 fi
 
+{
 echo
 echo "status:"
 for k in "${!status[@]}"; do
@@ -186,3 +245,6 @@ for k in "${!status[@]}"; do
   case "$v" in 0) ;; 77) echo "  SKIP $k";; *) echo "  FAIL $k (rc=$v)";; esac
 done | sort
 echo "total $(( $(date +%s) - t0 ))s"
+} 2>&1 | tee "$FINAL/status.txt"
+cp "$OUT/summary.md" "$FINAL/" 2>/dev/null
+tar -C "$OUT" -czf "$FINAL/results.tgz" . && ls -la "$FINAL"

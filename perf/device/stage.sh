@@ -10,7 +10,7 @@ stage=$root/stage
 cd "$root"
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHK_ENABLE_CUDA=ON \
-  -DHK_BUILD_TESTS=ON -DHK_BUILD_PERF=ON \
+  -DHK_BUILD_TESTS=ON -DHK_BUILD_PERF=ON -DHK_ENABLE_MPI=${HK_DEVICE_MPI:-OFF} \
   -DCMAKE_BUILD_RPATH='$ORIGIN/../lib' -DCMAKE_BUILD_WITH_INSTALL_RPATH=OFF >/dev/null
 cmake --build "$build" -j"${HK_JOBS:-2}"
 
@@ -26,6 +26,8 @@ for exe in "$stage"/pkg/bin/*; do
 done | sort -u | grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas[^/]*|libcudnn[^/]*|libnvrtc[^/]*)\.so' |
   while IFS= read -r lib; do cp -L "$lib" "$stage/pkg/lib/"; done
 cp apps/hk_reference.py perf/peers.py perf/device/summarize.py "$stage/pkg/share/" 2>/dev/null || true
+[ -f perf/device/sanitize.sh ] && cp perf/device/sanitize.sh "$stage/pkg/share/"
+mkdir -p "$stage/pkg/share/regress" && cp perf/regress/*.py "$stage/pkg/share/regress/"
 cp ../shared/spec/cases.csv "$stage/pkg/share/cases.csv"
 cp -r data "$stage/pkg/share/data"
 tar -C "$stage" -cJf "$stage/hk-stage.tar.xz" pkg

@@ -189,6 +189,12 @@ def main(argv=None):
         except benchjson.BenchJsonError as e:
             print("run: %s" % e)
             return 2
+        if args.filter:  # as --benchmark_filter would have: keep the matching benchmarks only
+            gb = dict(gb, benchmarks=[b for b in gb.get("benchmarks", [])
+                                      if re.search(args.filter, b.get("run_name") or b.get("name", ""))])
+            if not gb["benchmarks"]:
+                print("run: no benchmark of %s matches --filter %s" % (args.from_json, args.filter))
+                return 2
 
     device = {"kind": kind}
     if args.bench:

@@ -195,7 +195,8 @@ TEST(CudaArenaLayout, BuffersAreDisjointAlignedAndLargeEnough) {
       std::vector<std::pair<size_t, size_t>> spans = {
           {l.x_in, T * D * 4}, {l.x, T * D * 4},          {l.h, T * D * a},         {l.qkv, T * 3 * D * a},
           {l.o, T * D * a},    {l.f, T * F * a},          {l.y[0], T * D * 4},      {l.y[1], T * D * 4},
-          {l.lengths_in, size_t(B) * 4}, {l.lengths_full, size_t(B) * 4}, {l.workspace, l.workspace_bytes}};
+          {l.lengths_in, size_t(B) * 4}, {l.lengths_full, size_t(B) * 4}, {l.seq_start, size_t(B + 1) * 4},
+          {l.row_dst, T * 4}, {l.pack_flag, 4}, {l.workspace, l.workspace_bytes}};
       for (const auto& s : spans) {
         EXPECT_EQ(s.first % 256, 0u);
         EXPECT_LE(s.first + s.second, l.total);

@@ -17,6 +17,9 @@
 // measures nothing and gives the same bits, a tuned eager engine within budget, pinned
 // alternatives (flash.q16, [K,N] weights, algorithm #1) within budget. TuneCuda checks the
 // numeric guard's reduction against its host reference and the candidate timer.
+// Padding-free execution (PaddingFree): HK_PACK pinned on, untuned and tuned, host and device
+// paths, bucket reuse, a wrong token count reported, fp32; padded rows exactly 0.
+// The whole-model kernel (WholeModelKernel): pinned and tuned, and in-place forwards (y == x).
 // Exits 77 (skipped) without a GPU (gpu_test_main.cpp).
 #include <gtest/gtest.h>
 
@@ -428,6 +431,211 @@ TEST(CudaForward, TunedRoutes) {
   const std::vector<Case> odd = odd_cases();
   failures += run_tuned_case(odd[3]);  // S=33 D=40 H=5: head_dim 8, odd S, edge lengths 0/1/S
   failures += run_tuned_case(odd[5]);  // S=130: longer than the fused QKV+attention kernel takes
+  EXPECT_EQ(failures, 0);
+}
+
+// ---- padding-free execution -------------------------------------------------------------------
+// HK_PACK pinned on: the valid tokens packed by the first LayerNorm, GEMMs and row kernels on the
+// packed rows, attention in the packed layout, the final LayerNorm scattering back. Checked per
+// case: host path within budget and padded rows exactly 0; forward_device with `tokens` gives the
+// host path's bits; untuned and tuned (every candidate of the packed plan measured); a second
+// lengths vector in the same bucket reuses the plan and graph and is correct too; a wrong
+// `tokens` (too few) is reported by the next host-path call; HK_PACK=0 (dense) within budget.
+int run_packed_case(const Case& c, const std::string& cache_dir) {
+  Table t(c);
+  std::printf("---- packed %s: B=%d S=%d D=%d H=%d F=%d L=%d %s, lengths %s\n", c.name.c_str(), c.B, c.S, c.D, c.H,
+              c.F, c.L, c.causal ? "causal" : "bidirectional", lens_name(c.lens));
+  hk::ModelConfig cfg;
+  cfg.d_model = c.D;
+  cfg.n_heads = c.H;
+  cfg.ffn_dim = c.F;
+  cfg.n_layers = c.L;
+  cfg.causal = c.causal;
+  const uint64_t seed = uint64_t(c.B * 7919 + c.S * 101 + c.D * 13 + c.L);
+  Runner run{c, hk::synthetic_model(cfg, seed, c.nontrivial_ln), nullptr};
+  HK_TEST_CUDA(cudaStreamCreateWithFlags(&run.stream, cudaStreamNonBlocking));
+  const size_t n = size_t(c.B) * c.S * c.D;
+  const std::vector<float> x1 = hk::synthetic_input(c.B, c.S, c.D, seed);
+  std::vector<int32_t> lengths = make_lengths(c, seed);
+  if (lengths.empty()) lengths.assign(size_t(c.B), c.S);
+  int64_t tokens = 0;
+  for (int32_t l : lengths) tokens += l;
+  const std::vector<double> ref =
+      hk::test::naive_forward(run.model, std::vector<double>(x1.begin(), x1.end()), c.B, c.S, lengths);
+  auto padded_rows_zero = [&](const std::vector<float>& y, const std::vector<int32_t>& len) {
+    for (int b = 0; b < c.B; ++b)
+      for (int s = len[size_t(b)]; s < c.S; ++s)
+        for (int d = 0; d < c.D; ++d)
+          if (std::memcmp(&y[(size_t(b) * c.S + s) * c.D + d], "\0\0\0\0", 4) != 0) return false;
+    return true;
+  };
+  DevBuf xd(n * 4), yd(n * 4), ld(size_t(c.B) * 4 + 4);
+  xd.upload(x1);
+  ld.upload(lengths);
+  try {
+    for (bool tuned : {false, true}) {
+      Routes r;
+      r.pins["pack"] = "1";
+      if (tuned) {
+        r.tune = true;
+        r.tune_cache_dir = cache_dir;
+      }
+      const std::string tag = tuned ? "packed/tuned" : "packed";
+      auto e = run.engine(Precision::fast, r);
+      std::vector<float> yh(n, NAN);
+      e->forward(x1.data(), lengths.data(), c.B, yh.data());
+      const double ratio = hk::test::budget_ratio(yh.data(), ref);
+      const int64_t rows = e->plan_rows(c.B, tokens);
+      t.row(tag + "/host", "ratio " + fmt("%.3g", ratio), ratio <= 1.0 && padded_rows_zero(yh, lengths),
+            "rows " + std::to_string(rows) + " of " + std::to_string(int64_t(c.B) * c.S) + ", padded rows zero: " +
+                (padded_rows_zero(yh, lengths) ? "yes" : "NO"));
+      yd.poison();
+      e->forward_device(xd.get<float>(), ld.get<int32_t>(), c.B, yd.get<float>(), run.stream, tokens);
+      HK_TEST_CUDA(cudaStreamSynchronize(run.stream));
+      t.row(tag + "/device", "== host bits", same_bits(yd.download<float>(n), yh));
+      if (tuned) continue;
+      // Another lengths vector with the same token count (lengths of two sequences swapped):
+      // the same bucket, plan and graph, on other data.
+      if (c.B > 1 && lengths[0] != lengths[1]) {
+        std::vector<int32_t> l2 = lengths;
+        std::swap(l2[0], l2[1]);
+        const std::vector<double> ref2 =
+            hk::test::naive_forward(run.model, std::vector<double>(x1.begin(), x1.end()), c.B, c.S, l2);
+        std::vector<float> y2(n, NAN);
+        e->forward(x1.data(), l2.data(), c.B, y2.data());
+        const double r2 = hk::test::budget_ratio(y2.data(), ref2);
+        t.row("packed/relengths", "ratio " + fmt("%.3g", r2), r2 <= 1.0 && padded_rows_zero(y2, l2));
+      }
+      // Too few tokens for the lengths: the packing kernel writes no row beyond its bucket and
+      // raises its flag; the next host-path call reports it (and clears it).
+      const int64_t bucket = e->plan_rows(c.B, tokens);
+      if (tokens > 0 && bucket < tokens + 1000000) {
+        const int64_t lie = 0;  // bucket of the smallest plan: fewer rows than the valid tokens
+        if (e->plan_rows(c.B, lie) < tokens) {
+          e->forward_device(xd.get<float>(), ld.get<int32_t>(), c.B, yd.get<float>(), run.stream, lie);
+          HK_TEST_CUDA(cudaStreamSynchronize(run.stream));
+          bool reported = false;
+          try {
+            std::vector<float> y3(n);
+            e->forward(x1.data(), lengths.data(), c.B, y3.data());
+          } catch (const hk::Error& err) {
+            reported = std::string(err.what()).find("tokens") != std::string::npos;
+          }
+          std::vector<float> y4(n, NAN);
+          e->forward(x1.data(), lengths.data(), c.B, y4.data());  // flag cleared: works again
+          t.row("packed/wrong tokens", "reported", reported && same_bits(y4, yh));
+        }
+      }
+    }
+    Routes dense;
+    dense.pins["pack"] = "0";
+    auto ed = run.engine(Precision::fast, dense);
+    std::vector<float> yd0(n, NAN);
+    ed->forward(x1.data(), lengths.data(), c.B, yd0.data());
+    const double rd = hk::test::budget_ratio(yd0.data(), ref);
+    t.row("dense (HK_PACK=0)", "ratio " + fmt("%.3g", rd), rd <= 1.0 && ed->plan_rows(c.B, tokens) == int64_t(c.B) * c.S);
+    // fp32 precision packed: the same 1e-4 bound as dense fp32.
+    Routes r32;
+    r32.pins["pack"] = "1";
+    auto e32 = run.engine(Precision::fp32, r32);
+    std::vector<float> y32(n, NAN);
+    e32->forward(x1.data(), lengths.data(), c.B, y32.data());
+    const double m32 = max_abs_err(y32.data(), ref);
+    t.row("packed/fp32", "max abs " + fmt("%.3g", m32), m32 <= 1e-4 && padded_rows_zero(y32, lengths));
+  } catch (const hk::Error& e) {
+    if (c.fast_may_be_unsupported) {
+      t.info("packed", "unsupported", e.what());
+    } else {
+      t.row("packed", "threw", false, e.what());
+    }
+  }
+  cudaStreamDestroy(run.stream);
+  return t.failures();
+}
+
+TEST(CudaForward, PaddingFree) {
+  header();
+  int failures = 0;
+  const std::string dir = temp_dir();
+  const std::vector<Case> spec = spec_cases();
+  for (int id : {1, 3, 4, 5, 7, 8, 10, 12, 13}) failures += run_packed_case(spec[size_t(id - 1)], dir);
+  for (const Case& c : odd_cases()) failures += run_packed_case(c, dir);
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(failures, 0);
+}
+
+// ---- the whole-model kernel and in-place forwards ----------------------------------------------
+// HK_CHAINS=persistent pins the whole-model kernel where the model is within its limits: within
+// budget, padded rows 0; a tuned engine (the kernel measured against the per-layer plan) within
+// budget; and forward_device with y == x (in place) on a fresh tuned engine gives the same
+// result as separate buffers (the warm-up and tuning runs must not consume the input).
+int run_whole_model_case(const Case& c, const std::string& cache_dir) {
+  Table t(c);
+  std::printf("---- whole model %s: B=%d S=%d D=%d H=%d F=%d L=%d\n", c.name.c_str(), c.B, c.S, c.D, c.H, c.F, c.L);
+  hk::ModelConfig cfg;
+  cfg.d_model = c.D;
+  cfg.n_heads = c.H;
+  cfg.ffn_dim = c.F;
+  cfg.n_layers = c.L;
+  cfg.causal = c.causal;
+  const uint64_t seed = uint64_t(c.B * 31337 + c.S * 7 + c.D);
+  Runner run{c, hk::synthetic_model(cfg, seed, c.nontrivial_ln), nullptr};
+  HK_TEST_CUDA(cudaStreamCreateWithFlags(&run.stream, cudaStreamNonBlocking));
+  const size_t n = size_t(c.B) * c.S * c.D;
+  const std::vector<float> x1 = hk::synthetic_input(c.B, c.S, c.D, seed);
+  std::vector<int32_t> lengths = make_lengths(c, seed);
+  if (lengths.empty()) lengths.assign(size_t(c.B), c.S);
+  const std::vector<double> ref =
+      hk::test::naive_forward(run.model, std::vector<double>(x1.begin(), x1.end()), c.B, c.S, lengths);
+  DevBuf xd(n * 4), yd(n * 4), ld(size_t(c.B) * 4 + 4);
+  xd.upload(x1);
+  ld.upload(lengths);
+  try {
+    Routes pinned;
+    pinned.pins["chains"] = "persistent";
+    auto e = run.engine(Precision::fast, pinned);
+    const std::string plan = e->explain(c.B);
+    const bool used = plan.find("hk::model[cuda.persistent") != std::string::npos;
+    const std::vector<float> y = run.device_call(*e, xd, ld.get<int32_t>(), c.B, yd);
+    const double r = hk::test::budget_ratio(y.data(), ref);
+    t.row("persistent", "ratio " + fmt("%.3g", r), used && r <= 1.0, used ? "" : "not in the plan");
+    for (bool tuned : {false, true}) {
+      Routes rt;
+      if (tuned) {
+        rt.tune = true;
+        rt.tune_cache_dir = cache_dir;
+      } else {
+        rt.pins["chains"] = "persistent";
+      }
+      auto ei = run.engine(Precision::fast, rt);
+      DevBuf inplace(n * 4);
+      inplace.upload(x1);
+      ei->forward_device(inplace.get<float>(), ld.get<int32_t>(), c.B, inplace.get<float>(), run.stream);
+      HK_TEST_CUDA(cudaStreamSynchronize(run.stream));
+      const std::vector<float> yi = inplace.download<float>(n);
+      const double ri = hk::test::budget_ratio(yi.data(), ref);
+      t.row(tuned ? "in place/tuned" : "in place/persistent", "ratio " + fmt("%.3g", ri), ri <= 1.0);
+      if (tuned) {
+        const std::string tp = ei->explain(c.B);
+        t.info("tuned plan", tp.find("hk::model[cuda.persistent") != std::string::npos ? "persistent" : "per-layer");
+      }
+    }
+  } catch (const hk::Error& err) {
+    t.row("persistent", "threw", false, err.what());
+  }
+  cudaStreamDestroy(run.stream);
+  return t.failures();
+}
+
+TEST(CudaForward, WholeModelKernel) {
+  header();
+  int failures = 0;
+  const std::string dir = temp_dir();
+  const std::vector<Case> spec = spec_cases();
+  for (int id : {1, 2, 3, 4, 7, 9, 11}) failures += run_whole_model_case(spec[size_t(id - 1)], dir);
+  failures += run_whole_model_case({"S=7 D=64 H=8 F=48 L=2", 5, 7, 64, 8, 48, 2, false, true, Lens::edge}, dir);
+  failures += run_whole_model_case({"S=100 D=128 H=2 F=112 L=3", 3, 100, 128, 2, 112, 3, true, true, Lens::edge}, dir);
+  std::filesystem::remove_all(dir);
   EXPECT_EQ(failures, 0);
 }
 

@@ -12,9 +12,15 @@
 //     max(2e-3, 0.02 |ref|) of the reference (q, k, v rounded to fp16 as the kernel does),
 //   - rows s >= lengths[b] are exactly zero,
 //   - the guard rows are untouched.
+// Packed layout (seq_start; table column "lay" = P): the same problems with the sequences stored
+// back to back from row 1 (row 0 a guard), gaps of 0, 1 or 3 guard rows between them and 2 after,
+// sometimes in reverse order; h rows that are not tokens hold NaN (a read of any of them reaches
+// the output: a NaN key scores NaN, a NaN value survives P = 0), o rows that are not tokens must
+// keep their poison, and rows s >= lengths[b] do not exist (the next sequence starts there).
 // Branches named in the table: hd (8: two heads packed per unit, m16n8k8 scores; 16, 32, 128),
 // D 64 / 128 / 256, S <= 64 (several sequences packed per pass), S not a multiple of 16, q_split,
-// heads_per_cta, seqs_per_cta (persistent loop, h prefetch), graph capture.
+// heads_per_cta, seqs_per_cta (persistent loop, h prefetch), packed layout, lengths = null,
+// graph capture.
 #include "qkv_attention_fused.cuh"
 
 #include "attention_flash.cuh"
@@ -30,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -89,13 +96,42 @@ struct Shape {
 };
 
 // Host image of one problem: fp16 bits for the device, the same values as double for the reference.
+// The dense image (h, h16: row b*S + s) is what the reference reads; a packed problem also has
+// seq_start and the row count of its buffers (guard rows included).
 struct Problem {
   int B = 0, S = 0, D = 0, H = 0, hd = 0;
   bool causal = false;
+  bool packed = false;
+  bool null_lengths = false;   // lengths passed as null (all S valid)
   std::vector<uint16_t> h16, w16, b16;
   std::vector<double> h, w, b;
   std::vector<int32_t> lengths;
+  std::vector<int32_t> seq_start;  // packed only
+  int64_t packed_rows = 0;         // packed only: rows of the h and o buffers
 };
+
+// Row of o's device buffer holding token (b, s): dense buffers have one guard row before the body.
+int64_t o_row(const Problem& p, int b, int s) {
+  return p.packed ? int64_t(p.seq_start[size_t(b)]) + s : 1 + int64_t(b) * p.S + s;
+}
+int64_t o_rows(const Problem& p) { return p.packed ? p.packed_rows : int64_t(p.B) * p.S + 2; }
+
+// Packs a problem: row 0 is a guard, then each sequence's valid rows followed by a gap of 0, 1 or
+// 3 guard rows (0 most often: back to back), 2 guard rows at the end; every other problem in
+// reverse sequence order (seq_start need not be ascending).
+void make_packed(Problem& p, std::mt19937_64& rng) {
+  p.packed = true;
+  p.seq_start.assign(size_t(p.B), 0);
+  const bool reverse = rng() % 2 == 0;
+  int64_t next = 1;
+  for (int i = 0; i < p.B; ++i) {
+    const int b = reverse ? p.B - 1 - i : i;
+    p.seq_start[size_t(b)] = int32_t(next);
+    const int gaps[4] = {0, 0, 1, 3};
+    next += p.lengths[size_t(b)] + gaps[rng() % 4];
+  }
+  p.packed_rows = next + 2;
+}
 
 Problem make_problem(int B, const Shape& sh, bool causal, Lens lens, std::mt19937_64& rng, bool lengths_from_1 = false) {
   Problem p;
@@ -178,13 +214,25 @@ std::vector<double> reference(const Problem& p) {
   return o;
 }
 
-// Device copy of a problem. `o` holds B*S rows plus one guard row before and after.
+// Device copy of a problem. Dense: `h` holds the B*S rows, `o` B*S rows plus one guard row
+// before and after. Packed: both hold packed_rows rows; h rows that are not tokens hold NaN.
 struct DeviceProblem {
   DeviceBuffer<uint16_t> h, w, b, o;
-  DeviceBuffer<int32_t> lengths;
+  DeviceBuffer<int32_t> lengths, seq_start;
   explicit DeviceProblem(const Problem& p)
-      : h(p.h16.size()), w(p.w16.size()), b(p.b16.size()), o((size_t(p.B) * p.S + 2) * p.D), lengths(p.lengths.size()) {
-    h.upload(p.h16);
+      : h(p.packed ? size_t(p.packed_rows) * p.D : p.h16.size()), w(p.w16.size()), b(p.b16.size()),
+        o(size_t(o_rows(p)) * p.D), lengths(p.lengths.size()), seq_start(p.seq_start.size()) {
+    if (p.packed) {
+      std::vector<uint16_t> hp(h.n, kPoisonF16);
+      for (int bb = 0; bb < p.B; ++bb)
+        for (int s = 0; s < p.lengths[size_t(bb)]; ++s)
+          std::memcpy(&hp[size_t(p.seq_start[size_t(bb)] + s) * p.D], &p.h16[(size_t(bb) * p.S + s) * p.D],
+                      size_t(p.D) * sizeof(uint16_t));
+      h.upload(hp);
+      seq_start.upload(p.seq_start);
+    } else {
+      h.upload(p.h16);
+    }
     w.upload(p.w16);
     b.upload(p.b16);
     lengths.upload(p.lengths);
@@ -200,8 +248,9 @@ QkvAttentionParams params_of(const Problem& p, const DeviceProblem& d) {
   a.h = reinterpret_cast<const __half*>(d.h.ptr);
   a.w_qkv = reinterpret_cast<const __half*>(d.w.ptr);
   a.b_qkv = reinterpret_cast<const __half*>(d.b.ptr);
-  a.o = reinterpret_cast<__half*>(d.o.ptr) + p.D;  // after the leading guard row
-  a.lengths = d.lengths.ptr;
+  a.o = reinterpret_cast<__half*>(d.o.ptr) + (p.packed ? 0 : p.D);  // dense: after the leading guard row
+  a.lengths = p.null_lengths ? nullptr : d.lengths.ptr;
+  a.seq_start = p.packed ? d.seq_start.ptr : nullptr;
   a.B = p.B;
   a.S = p.S;
   a.D = p.D;
@@ -220,34 +269,41 @@ struct Outcome {
   bool ok() const { return error.empty() && bad == 0 && unwritten == 0 && nonzero_pad == 0 && clobbered == 0; }
 };
 
-// Compares the device output (guard rows included) with the reference.
+// Compares the device output (guard rows included) with the reference. Rows of the buffer that
+// hold no token (guard rows; packed gaps) must keep their poison.
 void check(const Problem& p, const std::vector<double>& ref, const DeviceProblem& d, Outcome& r) {
   const std::vector<uint16_t> got = d.o.download();
-  const size_t D = size_t(p.D), body = size_t(p.B) * p.S * D;
-  for (size_t i = 0; i < D; ++i) {
-    if (got[i] != kPoisonF16) ++r.clobbered;
-    if (got[D + body + i] != kPoisonF16) ++r.clobbered;
+  const size_t D = size_t(p.D);
+  std::vector<int64_t> owner(size_t(o_rows(p)), -1);  // dense token index b*S + s of each row
+  for (int b = 0; b < p.B; ++b) {
+    const int rows = p.packed ? p.lengths[size_t(b)] : p.S;
+    for (int s = 0; s < rows; ++s) owner[size_t(o_row(p, b, s))] = int64_t(b) * p.S + s;
   }
-  for (size_t i = 0; i < body; ++i) {
-    const uint16_t bits = got[D + i];
-    const double v = value_of(bits);
-    const size_t row = i / D;
-    const int b = int(row / p.S), s = int(row % p.S);
-    if (!std::isfinite(v)) {
-      ++r.unwritten;
-      if (r.first_unwritten < 0) r.first_unwritten = long(i);
-      r.last_unwritten = long(i);
+  for (size_t row = 0; row < owner.size(); ++row) {
+    if (owner[row] < 0) {
+      for (size_t c = 0; c < D; ++c) r.clobbered += got[row * D + c] != kPoisonF16;
       continue;
     }
-    if (s >= p.lengths[b]) {
-      if (v != 0.0) ++r.nonzero_pad;
-      continue;
+    const int b = int(owner[row] / p.S), s = int(owner[row] % p.S);
+    for (size_t c = 0; c < D; ++c) {
+      const size_t i = size_t(owner[row]) * D + c;  // element index into the dense reference
+      const double v = value_of(got[row * D + c]);
+      if (!std::isfinite(v)) {
+        ++r.unwritten;
+        if (r.first_unwritten < 0) r.first_unwritten = long(i);
+        r.last_unwritten = long(i);
+        continue;
+      }
+      if (s >= p.lengths[size_t(b)]) {
+        if (v != 0.0) ++r.nonzero_pad;
+        continue;
+      }
+      const double err = std::fabs(v - ref[i]);
+      const double tol = std::max(2e-3, 0.02 * std::fabs(ref[i]));
+      r.max_err = std::max(r.max_err, err);
+      r.worst_ratio = std::max(r.worst_ratio, err / tol);
+      if (err > tol) ++r.bad;
     }
-    const double err = std::fabs(v - ref[i]);
-    const double tol = std::max(2e-3, 0.02 * std::fabs(ref[i]));
-    r.max_err = std::max(r.max_err, err);
-    r.worst_ratio = std::max(r.worst_ratio, err / tol);
-    if (err > tol) ++r.bad;
   }
 }
 
@@ -330,8 +386,9 @@ void report(const Problem& p, Lens lens, const std::string& name, const Outcome&
   }
   ++g_checks;
   g_failures += !r.ok();
-  std::printf("%4d %4d %4d %3d %4d %3d %3d %-7s %-44s %10.3e %7.3f %5ld %5ld %5ld %5ld  %s%s%s%s%s\n", g_checks, p.S,
-              p.D, p.H, p.hd, p.B, int(p.causal), lens_name(lens), name.c_str(), r.max_err, r.worst_ratio, r.bad,
+  std::printf("%4d %4d %4d %3d %4d %3d %3d %-7s %3s %-44s %10.3e %7.3f %5ld %5ld %5ld %5ld  %s%s%s%s%s\n", g_checks,
+              p.S, p.D, p.H, p.hd, p.B, int(p.causal), p.null_lengths ? "null" : lens_name(lens), p.packed ? "P" : "D",
+              name.c_str(), r.max_err, r.worst_ratio, r.bad,
               r.unwritten, r.nonzero_pad, r.clobbered, r.ok() ? "PASS" : "FAIL", note[0] ? "  " : "", note,
               r.error.empty() ? "" : ("  error: " + r.error).c_str(), where.c_str());
 }
@@ -339,30 +396,46 @@ void report(const Problem& p, Lens lens, const std::string& name, const Outcome&
 void correctness(std::mt19937_64& rng, cudaStream_t stream) {
   const Shape shapes[] = {{128, 128, 4}, {128, 128, 16}, {128, 128, 1}, {32, 128, 4}, {128, 64, 4},
                           {128, 256, 8}, {1, 128, 4},    {7, 64, 8},    {100, 128, 4}};
-  std::printf("\n%4s %4s %4s %3s %4s %3s %3s %-7s %-44s %10s %7s %5s %5s %5s %5s  %s\n", "id", "S", "D", "H", "hd", "B",
-              "cau", "lens", "kernel", "max_err", "err/tol", "bad", "unwr", "pad!0", "clob", "result");
+  std::printf("\n%4s %4s %4s %3s %4s %3s %3s %-7s %3s %-44s %10s %7s %5s %5s %5s %5s  %s\n", "id", "S", "D", "H", "hd",
+              "B", "cau", "lens", "lay", "kernel", "max_err", "err/tol", "bad", "unwr", "pad!0", "clob", "result");
   for (const Shape& sh : shapes)
     for (int B : {1, 3, 37})
       for (int causal = 0; causal < 2; ++causal) {
         std::vector<Lens> lens_modes = B == 1 ? std::vector<Lens>{Lens::full, Lens::random} : std::vector<Lens>{Lens::mixed};
         for (Lens lens : lens_modes) {
-          const Problem p = make_problem(B, sh, causal, lens, rng);
-          const std::vector<double> ref = reference(p);
-          DeviceProblem d(p);
-          const QkvAttentionParams a = params_of(p, d);
-          const std::vector<QkvAttentionMap> maps = maps_for(a);
-          if (maps.empty()) {
-            Outcome r;
-            r.error = "no supported map";
-            report(p, lens, "-", r, "");
+          const Problem dense = make_problem(B, sh, causal, lens, rng);
+          const std::vector<double> ref = reference(dense);
+          Problem packed = dense;  // same tokens, packed layout: same reference
+          make_packed(packed, rng);
+          for (const Problem* p : std::initializer_list<const Problem*>{&dense, &packed}) {
+            DeviceProblem d(*p);
+            const QkvAttentionParams a = params_of(*p, d);
+            const std::vector<QkvAttentionMap> maps = maps_for(a);
+            if (maps.empty()) {
+              Outcome r;
+              r.error = "no supported map";
+              report(*p, lens, "-", r, "");
+            }
+            for (const QkvAttentionMap& m : maps)
+              report(*p, lens, hk::cuda::qkv_attention_fused_name(a, m), run_map(*p, ref, d, m, stream, false), "");
           }
-          for (const QkvAttentionMap& m : maps)
-            report(p, lens, hk::cuda::qkv_attention_fused_name(a, m), run_map(p, ref, d, m, stream, false), "");
         }
       }
-  // Graph capture: the launch must be capturable and replay to the same result.
-  {
-    const Problem p = make_problem(5, Shape{100, 128, 4}, true, Lens::mixed, rng);
+  // Packed layout with lengths = null: every sequence is S tokens long, back to back.
+  for (const Shape& sh : {Shape{100, 128, 4}, Shape{32, 128, 4}}) {
+    Problem p = make_problem(5, sh, true, Lens::full, rng);
+    p.null_lengths = true;
+    make_packed(p, rng);
+    const std::vector<double> ref = reference(p);
+    DeviceProblem d(p);
+    const QkvAttentionParams a = params_of(p, d);
+    for (const QkvAttentionMap& m : maps_for(a))
+      report(p, Lens::full, hk::cuda::qkv_attention_fused_name(a, m), run_map(p, ref, d, m, stream, false), "");
+  }
+  // Graph capture: the launch must be capturable and replay to the same result (dense, packed).
+  for (int packed = 0; packed < 2; ++packed) {
+    Problem p = make_problem(5, Shape{100, 128, 4}, true, Lens::mixed, rng);
+    if (packed) make_packed(p, rng);
     const std::vector<double> ref = reference(p);
     DeviceProblem d(p);
     const QkvAttentionParams a = params_of(p, d);
@@ -417,6 +490,8 @@ void check_supports() {
   with("hd8 heads_per_cta 2", true, [](QkvAttentionParams& p) { p.H = 16; p.head_dim = 8; }, QkvAttentionMap{1, 2, 1});
   with("seqs_per_cta 0", false, [](QkvAttentionParams&) {}, QkvAttentionMap{1, 1, 0});
   with("B = 0 (no-op)", true, [](QkvAttentionParams& p) { p.B = 0; });
+  with("packed (seq_start set)", true, [](QkvAttentionParams& p) { p.seq_start = reinterpret_cast<const int32_t*>(dummy); });
+  with("B*S > INT_MAX (int32 rows)", false, [](QkvAttentionParams& p) { p.B = 20000000; });
   for (const Probe& pr : probes) {
     const bool got = hk::cuda::qkv_attention_fused_supports(pr.p, pr.m);
     const bool ok = got == pr.expect;

@@ -43,8 +43,10 @@ export HK_PREFIX=$tmp/prefix
 
 # ---- forward.sbatch -----------------------------------------------------------------------------
 check "forward.sbatch without arguments: usage, exit 2" status_is 2 "$tmp/f0.log" bash "$slurm/forward.sbatch"
+# Outside an allocation (no SLURM_JOB_ID) the script runs hk_forward directly; srun inside a real
+# allocation is covered by test/slurm (a throwaway single-node cluster).
 check "forward.sbatch runs the sample (exit 0, output written)" \
-  status_is 0 "$tmp/f1.log" env SLURM_JOB_ID=101 bash "$slurm/forward.sbatch" "$repo/data/sample.h5" "$tmp/f1.h5" --backend kokkos
+  status_is 0 "$tmp/f1.log" env -u SLURM_JOB_ID bash "$slurm/forward.sbatch" "$repo/data/sample.h5" "$tmp/f1.h5" --backend kokkos
 check "forward.sbatch output exists" test -s "$tmp/f1.h5"
 check "forward.sbatch passes extra options through (--precision reference)" \
   status_is 0 "$tmp/f2.log" bash "$slurm/forward.sbatch" "$repo/data/sample.h5" "$tmp/f2.h5" --backend kokkos --precision reference

@@ -268,8 +268,14 @@ def main():
               "cuda_arch=80,90a accepted")
         check(active_conflicts(make_spec(dict(base_var, cuda_arch=("90",)), pre, kokkos_cuda=True), conflicts_list),
               "^kokkos+cuda conflicts")
-        check(active_conflicts(make_spec(dict(base_var, cuda_arch=("90",), mpi=True), pre), conflicts_list),
-              "+mpi conflicts while HK_ENABLE_MPI is not implemented")
+        mpi_spec = make_spec(dict(base_var, cuda_arch=("90",), mpi=True), pre)
+        if "HK_ENABLE_MPI" in top_options:
+            mpi_args = Hk(mpi_spec).cmake_args()
+            check(not active_conflicts(mpi_spec, conflicts_list) and
+                  any("HK_ENABLE_MPI" in a and a.rstrip().endswith("ON") for a in mpi_args),
+                  "+mpi accepted and mapped to HK_ENABLE_MPI=ON", str([a for a in mpi_args if "MPI" in a]))
+        else:
+            check(active_conflicts(mpi_spec, conflicts_list), "+mpi conflicts while HK_ENABLE_MPI is not implemented")
 
         # cuDNN missing from its prefix: a clear install error, not a bad path.
         empty = os.path.join(tmp, "cudnn-empty")
@@ -361,8 +367,9 @@ def sensitivity(top_options, tree_options, hkkokkos_text, top_text, conflicts_li
     check(bad and bad[0][0] == "Foo_ROOT", "sensitivity: an unknown hint is reported", str(bad))
     check("TRUE" not in option_values(top_text, "HK_ENABLE_CUDA"), "sensitivity: HK_ENABLE_CUDA=TRUE would be rejected")
     without = [c for c in conflicts_list if c["args"][0] != "+mpi"]
+    refusing = without + [{"args": ["+mpi"], "kwargs": {}, "when": None}]
     check(pending_rule(top_options, without) if "HK_ENABLE_MPI" not in top_options else
-          pending_rule(top_options | {"HK_ENABLE_MPI"}, conflicts_list),
+          pending_rule(top_options, refusing),
           "sensitivity: the announced-option rule fires when recipe and CMake disagree")
 
 

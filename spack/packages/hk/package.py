@@ -47,6 +47,9 @@ class Hk(CMakePackage, CudaPackage):
     depends_on("googletest", when="+tests")
     depends_on("benchmark@1.6:", when="+perf")  # random interleaving of repetitions
     depends_on("mpi", when="+mpi")
+    # The MPI build writes one output file through parallel HDF5 (collective hyperslab writes).
+    depends_on("hdf5+mpi", when="+mpi")
+    depends_on("hdf5~mpi", when="~mpi")
 
     with when("+cuda"):
         depends_on("cuda@13:")  # what hk is built and tested with (cuBLASLt 13)
@@ -60,8 +63,6 @@ class Hk(CMakePackage, CudaPackage):
 
     # The Kokkos backend runs on Kokkos' host execution spaces; on GPUs hk runs its CUDA backend.
     conflicts("^kokkos+cuda", msg="hk's Kokkos backend is built for host execution spaces only")
-    # Until the batch-scale work adds the option, +mpi would silently build a non-MPI hk.
-    conflicts("+mpi", msg="MPI support is not implemented yet (CMake option HK_ENABLE_MPI)")
 
     def cmake_args(self):
         spec = self.spec

@@ -15,7 +15,6 @@ using namespace detail;
 
 namespace {
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-constexpr size_t kChunkCacheBytes = size_t(64) << 20;
 constexpr int64_t kLengthsBlock = int64_t(1) << 20;  // lengths validated in blocks: bounded memory
 }  // namespace
 
@@ -26,6 +25,7 @@ struct InputFile::Impl {
   int64_t B = 0;
   int S = 0, D = 0;
   FloatKind x_kind = FloatKind::f32;
+  size_t cache_bytes = kDefaultChunkCacheBytes;
   std::vector<uint16_t> half;  // staging for float16 x
 
   void open(int expected_d);
@@ -37,7 +37,7 @@ void InputFile::Impl::open(int expected_d) {
   open_group(file.get(), path, "/input");
   const std::string xd = expected_d > 0 ? std::to_string(expected_d) : "D";
   const std::string shape = "[B, S, " + xd + "]";
-  Handle dapl = chunk_cache_access(kChunkCacheBytes);
+  Handle dapl = chunk_cache_access(cache_bytes);
   x = open_dataset(file.get(), path, "/input/x", "a float32 or float16 dataset of shape " + shape, dapl.get());
   x_dims = dataset_dims(x.get(), path, "/input/x");
   if (x_dims.size() != 3)
@@ -95,10 +95,12 @@ void InputFile::Impl::validate_lengths() {
 
 InputFile::InputFile(const std::string& path) : InputFile(path, ModelConfig{}) {}
 
-InputFile::InputFile(const std::string& path, const ModelConfig& model) : impl_(std::make_unique<Impl>()) {
+InputFile::InputFile(const std::string& path, const ModelConfig& model, size_t chunk_cache_bytes)
+    : impl_(std::make_unique<Impl>()) {
   std::lock_guard<std::recursive_mutex> lock(h5_mutex());
   init();
   impl_->path = path;
+  impl_->cache_bytes = chunk_cache_bytes;
   try {
     impl_->open(model.d_model);
   } catch (...) {

@@ -4,6 +4,7 @@
 // inputs larger than memory stream and nothing is ever computed on a non-finite value.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -14,12 +15,16 @@
 
 namespace hk::io {
 
+// Default HDF5 chunk cache of one dataset hk reads or writes in batch slices; a smaller one
+// (hk_forward --mem-cap) bounds memory at the cost of re-reading chunks cut by a slice.
+inline constexpr size_t kDefaultChunkCacheBytes = size_t(64) << 20;
+
 class InputFile {
  public:
   // Any D.
   explicit InputFile(const std::string& path);
-  // D must equal model.d_model.
-  InputFile(const std::string& path, const ModelConfig& model);
+  // D must equal model.d_model. `chunk_cache_bytes`: the chunk cache of x.
+  InputFile(const std::string& path, const ModelConfig& model, size_t chunk_cache_bytes = kDefaultChunkCacheBytes);
   ~InputFile();
   InputFile(const InputFile&) = delete;
   InputFile& operator=(const InputFile&) = delete;

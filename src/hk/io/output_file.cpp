@@ -17,15 +17,12 @@ namespace hk::io {
 
 using namespace detail;
 
-namespace {
-constexpr size_t kChunkCacheBytes = size_t(64) << 20;
-}
-
 struct OutputFile::Impl {
   std::string path, temp;
   Handle file, group, y;
   std::vector<int64_t> dims;
   int64_t next_row = 0;
+  size_t cache_bytes = 0;
   bool committed = false;
 
   ~Impl() {
@@ -37,7 +34,7 @@ struct OutputFile::Impl {
   }
 };
 
-OutputFile::OutputFile(const std::string& path, int64_t B, int S, int D) {
+OutputFile::OutputFile(const std::string& path, int64_t B, int S, int D, size_t chunk_cache_bytes) {
   std::lock_guard<std::recursive_mutex> lock(h5_mutex());
   init();
   if (B < 1 || S < 1 || D < 1)
@@ -51,6 +48,7 @@ OutputFile::OutputFile(const std::string& path, int64_t B, int S, int D) {
   impl_->path = path;
   impl_->temp = path + ".tmp." + std::to_string(::getpid());
   impl_->dims = {B, S, D};
+  impl_->cache_bytes = chunk_cache_bytes;
   try {
     create();
   } catch (...) {
@@ -74,7 +72,7 @@ void OutputFile::create() {
   Handle dcpl = dataset_creation(chunk_dims(m.dims, sizeof(float)));
   // Every element is written before commit(): filling chunks first would write them twice.
   H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
-  Handle dapl = chunk_cache_access(kChunkCacheBytes);
+  Handle dapl = chunk_cache_access(m.cache_bytes);
   m.y = dataset_handle(
       H5Dcreate2(m.group.get(), "y", H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), dapl.get()));
   if (!m.y.valid()) fail_h5(path, "/output/y", "cannot create the dataset");

@@ -4,6 +4,7 @@
 // untouched: the destructor of an uncommitted OutputFile deletes the temporary file.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -14,7 +15,8 @@ namespace hk::io {
 
 class OutputFile {
  public:
-  OutputFile(const std::string& path, int64_t B, int S, int D);
+  // `chunk_cache_bytes`: the chunk cache of y (a chunk cut by two writes waits there).
+  OutputFile(const std::string& path, int64_t B, int S, int D, size_t chunk_cache_bytes = size_t(64) << 20);
   ~OutputFile();
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;

@@ -20,9 +20,11 @@ const std::vector<Knob>& knobs() {
       {"HK_TUNE_VERBOSE", "0|1", "0", "tuning",
        "1: one line per decision on stderr (candidates, times, winner, where the answer came from). Rejections "
        "by the numeric guard are always reported."},
-      {"HK_ATTENTION", "auto|flash|flash.q64|flash.q16|cudnn", "auto", "cuda",
-       "Attention route. auto: measured (untuned: the own flash kernel, query tile chosen by occupancy). A pinned "
-       "route the shape does not support falls back to flash (explain says why)."},
+      {"HK_ATTENTION", "auto|flash|flash.q64|flash.q16|cudnn|materialized", "auto", "cuda",
+       "Attention route. auto: measured (untuned: the own flash kernel, query tile chosen by occupancy). "
+       "materialized: scores in memory (cuBLASLt batched GEMMs + a softmax kernel), a candidate only while "
+       "the fp32 scores take at most 128 MiB. A pinned route the shape does not support falls back to flash "
+       "(explain says why)."},
       {"HK_GELU", "auto|erf|epilogue", "auto", "cuda",
        "ffn_in's bias+GELU. erf: cuBLASLt bias epilogue then an exact-erf pass (the untuned default); epilogue: "
        "cuBLASLt's tanh-approximation GELU epilogue (fast precision only). auto: measured, the tanh route "
@@ -39,6 +41,11 @@ const std::vector<Knob>& knobs() {
       {"HK_GRAPH", "auto|1|0", "auto", "cuda",
        "CUDA graph replay of the whole forward. 1: always, 0: eager launches. auto: graph unless eager launch "
        "measures faster (best of three, 0.5% margin); untuned: graph."},
+      {"HK_PACK", "auto|1|0", "auto", "cuda",
+       "Padding-free execution when the valid token count is known (hk_forward, the host path): valid tokens "
+       "packed by the first LayerNorm, GEMMs and row kernels on them, scattered back by the final LayerNorm. "
+       "auto: when the packed rows (bucketed to B*S/32) are at most 85% of B*S and B*S >= 4096; 1: always; "
+       "0: never (the dense plan)."},
       {"HK_CUDA_POISON", "0|1", "0", "tests",
        "1: fill the CUDA engine's arena with NaN at construction so a read of an unwritten element reaches "
        "the output."},

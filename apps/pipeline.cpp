@@ -1,0 +1,170 @@
+#include "pipeline.hpp"
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "hk/error.hpp"
+#include "host_buffers.hpp"
+
+namespace hk::app {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+double since(clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); }
+
+// One chunk buffer and whose turn it is: the producer fills it when empty, the consumer takes it when full.
+struct Slot {
+  HostBlock data, lengths;
+  bool full = false;
+};
+
+class Pipeline {
+ public:
+  Pipeline(const ChunkGrid& g, int S, int D, bool pinned, const PipelineStages& st) : g_(g), st_(st) {
+    const size_t n = size_t(g.chunk) * size_t(S) * size_t(D) * sizeof(float);
+    for (int i = 0; i < 2; ++i) {
+      x_[i].data = HostBlock(n, pinned);
+      x_[i].lengths = HostBlock(size_t(g.chunk) * sizeof(int32_t), pinned);
+      y_[i].data = HostBlock(n, pinned);
+    }
+  }
+
+  PipelineStats run() {
+    const int64_t n = g_.local_chunks();
+    std::thread reader([&] { guarded([&] { read_all(n); }); });
+    std::thread writer([&] { guarded([&] { write_all(n); }); });
+    guarded([&] { compute_all(n); });
+    reader.join();
+    writer.join();
+    if (error_) std::rethrow_exception(error_);
+    return stats_;
+  }
+
+ private:
+  // Runs one stage; the first failure stops every stage (or, with `fatal`, ends the job here).
+  template <class F>
+  void guarded(F&& f) {
+    try {
+      f();
+    } catch (...) {
+      std::string what = "unknown failure";
+      try {
+        throw;
+      } catch (const std::bad_alloc&) {
+        what = "out of memory (a smaller --batch-chunk or --mem-cap needs less)";
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      std::lock_guard<std::mutex> lock(m_);
+      if (!error_ && !stop_ && st_.fatal) st_.fatal(what);  // does not return
+      if (!error_) error_ = std::current_exception();
+      stop_ = true;
+      cv_.notify_all();
+    }
+  }
+
+  // Waits until `ready` holds or the run stops; false when stopped.
+  template <class P>
+  bool wait(std::unique_lock<std::mutex>& lock, P ready) {
+    cv_.wait(lock, [&] { return stop_ || ready(); });
+    return !stop_;
+  }
+
+  void check_interrupt() {
+    if (st_.interrupted && st_.interrupted()) throw Error("interrupted");
+  }
+
+  void read_all(int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      Slot& s = x_[i % 2];
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        if (!wait(lock, [&] { return !s.full; })) return;
+      }
+      check_interrupt();
+      const int64_t k = g_.global_index(i);
+      const auto t = clock::now();
+      st_.read(g_.first_row(k), g_.rows(k), s.data.as<float>(), s.lengths.as<int32_t>());
+      std::lock_guard<std::mutex> lock(m_);
+      stats_.read_s += since(t);
+      s.full = true;
+      cv_.notify_all();
+    }
+  }
+
+  void compute_all(int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      Slot& in = x_[i % 2];
+      Slot& out = y_[i % 2];
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        if (!wait(lock, [&] { return in.full && !out.full; })) return;
+      }
+      check_interrupt();
+      const int64_t k = g_.global_index(i);
+      const auto t = clock::now();
+      st_.compute(g_.first_row(k), g_.rows(k), in.data.as<float>(), in.lengths.as<int32_t>(), out.data.as<float>());
+      std::lock_guard<std::mutex> lock(m_);
+      stats_.compute_s += since(t);
+      in.full = false;
+      out.full = true;
+      cv_.notify_all();
+    }
+  }
+
+  void write_all(int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      Slot& s = y_[i % 2];
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        if (!wait(lock, [&] { return s.full; })) return;
+      }
+      const int64_t k = g_.global_index(i);
+      const auto t = clock::now();
+      st_.write(g_.first_row(k), g_.rows(k), s.data.as<float>());
+      PipelineStats snapshot;
+      {
+        std::lock_guard<std::mutex> lock(m_);
+        stats_.write_s += since(t);
+        stats_.sequences_done += g_.rows(k);
+        s.full = false;
+        snapshot = stats_;
+        cv_.notify_all();
+      }
+      if (st_.progress) st_.progress(snapshot);
+    }
+    // The rounds in which this rank has no chunk: empty collective writes, so that every rank
+    // makes the same number of write calls.
+    for (int64_t i = n; i < g_.rounds(); ++i) {
+      {
+        std::lock_guard<std::mutex> lock(m_);
+        if (stop_) return;
+      }
+      st_.write(0, 0, nullptr);
+    }
+  }
+
+  ChunkGrid g_;
+  const PipelineStages& st_;
+  Slot x_[2], y_[2];
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  PipelineStats stats_;
+};
+
+}  // namespace
+
+PipelineStats run_pipeline(const ChunkGrid& grid, int S, int D, bool pinned, const PipelineStages& stages) {
+  Pipeline p(grid, S, D, pinned, stages);
+  return p.run();
+}
+
+}  // namespace hk::app

@@ -1,0 +1,63 @@
+// hk_forward's streaming pipeline: a reader thread reads chunk k+1, the calling thread computes
+// chunk k and a writer thread writes chunk k-1, through a fixed set of chunk buffers (two input,
+// two output), so memory stays bounded whatever the file size. The HDF5 calls of the reader and
+// the writer are serialised by hk::io's lock (libhdf5 is not thread-safe here): reads and writes
+// alternate, and both overlap compute.
+//
+// The batch is cut into a global grid of chunks of `chunk` sequences that depends only on B and
+// `chunk`; with several ranks, chunk k belongs to rank k % ranks (round robin: each collective
+// write round covers neighbouring chunks). Every sequence is therefore computed in the same
+// chunk, with the same neighbours, whatever the number of ranks.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace hk::app {
+
+struct ChunkGrid {
+  int64_t B = 0, chunk = 1;
+  int rank = 0, ranks = 1;
+
+  int64_t chunks() const { return (B + chunk - 1) / chunk; }
+  // Collective write rounds: every rank takes part in each, with a chunk or with none.
+  int64_t rounds() const { return (chunks() + ranks - 1) / ranks; }
+  // This rank's chunks: k = rank, rank + ranks, ...
+  int64_t local_chunks() const { return chunks() > rank ? (chunks() - rank + ranks - 1) / ranks : 0; }
+  int64_t global_index(int64_t i) const { return int64_t(rank) + i * ranks; }
+  int64_t first_row(int64_t k) const { return k * chunk; }
+  int64_t rows(int64_t k) const { return std::min(chunk, B - k * chunk); }
+};
+
+// Seconds each stage was busy, and what is done; passed to the progress callback.
+struct PipelineStats {
+  double read_s = 0, compute_s = 0, write_s = 0;
+  int64_t sequences_done = 0;  // computed and written by this rank
+};
+
+struct PipelineStages {
+  // Fill x [nb, S, D] and lengths [nb] with sequences [b0, b0 + nb). Reader thread.
+  std::function<void(int64_t b0, int64_t nb, float* x, int32_t* lengths)> read;
+  // y [nb, S, D] from x and lengths. Calling thread.
+  std::function<void(int64_t b0, int64_t nb, const float* x, const int32_t* lengths, float* y)> compute;
+  // Write y rows [b0, b0 + nb); nb = 0 (y null) in the rounds where this rank has no chunk,
+  // for collective writes. Writer thread.
+  std::function<void(int64_t b0, int64_t nb, const float* y)> write;
+  // After each chunk is written: progress. Writer thread.
+  std::function<void(const PipelineStats&)> progress;
+  // Polled between chunks; true stops the run with hk::Error("interrupted").
+  std::function<bool()> interrupted;
+  // When set, called (from the failing thread) with the first error instead of unwinding: an
+  // MPI job whose peers may wait in a collective call ends there (it does not return).
+  std::function<void(const std::string&)> fatal;
+};
+
+// Buffers: 2 x + 2 y chunk buffers of chunk * S * D floats, 2 length buffers; `pinned`:
+// page-locked (CUDA). Throws the first failure of any stage (after stopping the others).
+PipelineStats run_pipeline(const ChunkGrid& grid, int S, int D, bool pinned, const PipelineStages& stages);
+
+// Bytes the pipeline holds per sequence of a chunk (its buffers).
+inline double pipeline_bytes_per_sequence(int S, int D) { return 4.0 * 4.0 * double(S) * D + 2.0 * 4.0; }
+
+}  // namespace hk::app

@@ -1,0 +1,803 @@
+// The persistent whole-model kernel (entry points and limits: model_persistent.cuh).
+//
+// CTA = 8 warps; a pass holds up to 8 row tiles of 16: one sequence (S > 64) or several whole
+// short sequences packed (S = 32: 4; S <= 16: 8). Warp w owns tile w of the pass for every layer:
+// its fp32 residual (16 x D) is the mma accumulator acc[D/8][4] (thread g = lane/4, t = lane%4
+// holds rows g, g+8, columns 8j + 2t, 8j + 2t + 1), so LayerNorms reduce over a quad with
+// shuffles. Shared memory (per pass, rows = 16 * tiles):
+//   sH [rows][D+8]   h (LN1 / LN2 output, fp16), the A operand of q/k/v and ffn_in
+//   sQ [rows][LDQ]   q, overwritten per head by o (same rows, same columns), then f = GELU(..)
+//   sK, sV [rows][D+8]   keys and values of every tile (read by every warp of the sequence)
+//   two weight stages: [3 vectors of 512 B][panel N x (K+8) fp16]
+// A layer is 6 stages, each one weight panel ([out, in] rows, K contiguous = the mma B operand):
+//   0 Wq + bq, 1 Wk + bk, 2 Wv + bv: projections of the warp's own h rows into sQ / sK / sV
+//   3 Wo + bo, ln2: attention of the warp's 16 queries (all heads), then x += o Wo^T + bo, h = LN2
+//   4 Wi + bi:      f = fp16(GELU(fp16(h Wi^T + bi))) into sQ
+//   5 Wf + bf, next ln1 (or final_norm): x += f Wf^T + bf; h = LN1 of the next layer, or y
+// Step j waits for stage j, a CTA barrier frees the other buffer (every warp finished step j-1)
+// and makes stage j and the k / v rows written in steps 1-2 visible, then stage j+1 (wrapping to
+// layer 0 of the next pass) is issued and overlaps step j's compute. Everything else a warp reads
+// it wrote itself (its own rows), so those hand-offs need only __syncwarp.
+// Padding-free: a tile with no valid token (16 * tile >= len) skips every step and writes zero rows
+// of y; in working tiles rows >= len are loaded as zeros (they stay finite; keys >= len are
+// masked, and y rows >= len are written as zeros).
+//
+// Numerics follow the unfused route: fp16 GEMM operands with fp32 accumulation; h, q, k, v, P, o
+// and the ffn_in pre-activation rounded to fp16; erf GELU in fp32 rounded to fp16; fp32 residual;
+// LayerNorm statistics in fp32 of the row shifted by its first element (mean of x - x0, then the
+// centred sum of squares), rsqrtf.
+#include "model_persistent.cuh"
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "common.cuh"
+#include "ptx.cuh"
+
+namespace hk::cuda {
+namespace {
+
+using namespace ptx;
+
+constexpr int kWarps = 8;               // one 16-row tile each: 128 rows = the largest S
+constexpr int kThreads = 32 * kWarps;
+constexpr int kMaxTiles = kWarps;
+constexpr int kMaxS = 16 * kMaxTiles;
+constexpr int kMaxF = 128;              // Wi / Wf panels of one weight stage; f rows in sQ
+constexpr int kFC = 64;                 // ffn_in columns per chunk: 32 accumulator registers
+constexpr int kStepsPerLayer = 6;
+constexpr int kVecSlot = 512;           // bytes: 128 fp32 (or 128 fp16) per stage vector
+constexpr int kVecBytes = 3 * kVecSlot;
+// Key tiles per softmax block: 64 keys keep the score block at 32 registers; S > 64 takes a
+// second block with one running-max rescale. head_dim 128: 32 keys (O alone is 64 registers;
+// 64 keys spilled next to the residual).
+template <int HD>
+__host__ __device__ constexpr int key_block() {
+  return HD >= 128 ? 2 : 4;
+}
+constexpr float kLog2e = 1.4426950408889634f;
+
+// One CTA per SM: 8 warps x 255 registers. D = 128 needs them (residual 64 + projection
+// accumulator 64 + B fragments; attention at head_dim 128: residual 64 + O 64 + q 32 + scores);
+// D = 64 spilled at the 128 registers of two CTAs per SM (the attention with the residual live).
+constexpr int kMinBlocks = 1;
+
+struct Args {
+  const PersistentLayer* layers;
+  const float* final_w;
+  const float* final_b;
+  const float* x;
+  float* y;
+  const int32_t* lengths;
+  int B, S, F, L;
+  int st;       // 16-row tiles per sequence
+  int pack;     // sequences per pass
+  int npasses;  // ceil(B / pack)
+  float eps, scale_log2;
+  bool causal;
+};
+
+__host__ __device__ constexpr uint32_t round_up(uint32_t v, uint32_t m) { return (v + m - 1) / m * m; }
+__host__ __device__ constexpr uint32_t umax(uint32_t a, uint32_t b) { return a > b ? a : b; }
+
+// Shared-memory carve-up in bytes (host and device agree on it). Every region starts on a
+// 16-byte boundary: rows of D + 8 halves are 2D + 16 bytes, D a multiple of 16.
+struct Layout {
+  uint32_t h, k, v, q, ln0, stage, stage_bytes, total;
+  int ldq;  // halves per sQ row: f has F columns
+};
+__host__ __device__ inline Layout layout(int D, int F, int rows) {
+  Layout l;
+  const uint32_t ldd = uint32_t(D + 8);
+  l.ldq = (D > F ? D : F) + 8;
+  const uint32_t act = 2u * uint32_t(rows) * ldd;
+  l.h = 0;
+  l.k = act;
+  l.v = 2 * act;
+  l.q = 3 * act;
+  l.ln0 = l.q + 2u * uint32_t(rows) * uint32_t(l.ldq);
+  l.stage = round_up(l.ln0 + 8u * uint32_t(D), 128);
+  const uint32_t panel = umax(umax(uint32_t(D) * ldd, uint32_t(F) * ldd), uint32_t(D) * uint32_t(F + 8));
+  l.stage_bytes = round_up(uint32_t(kVecBytes) + 2u * panel, 128);
+  l.total = l.stage + 2 * l.stage_bytes;
+  return l;
+}
+
+// ---- copies ----------------------------------------------------------------------------------
+// `bytes` (a multiple of 16) from global memory to shared memory, spread over the CTA.
+__device__ __forceinline__ void copy_bytes(uint32_t dst, const void* src, int bytes, int tid) {
+  const char* s = static_cast<const char*>(src);
+  for (int i = tid * 16; i < bytes; i += kThreads * 16) cp_async_16(dst + uint32_t(i), s + i, 16);
+}
+// Rows [0, N) of a row-major fp16 [N, K] matrix into shared rows of K + 8 halves (+16 bytes puts
+// ldmatrix's 8 rows in 8 distinct bank groups for every K that is a multiple of 16).
+__device__ __forceinline__ void copy_panel(uint32_t dst, const __half* src, int N, int K, int tid) {
+  const int kc = K >> 3;
+  for (int i = tid; i < N * kc; i += kThreads) {
+    const int r = i / kc, c = i - r * kc;
+    cp_async_16(dst + uint32_t(r * (K + 8) + c * 8) * 2u, src + r * K + c * 8, 16);
+  }
+}
+
+// Stage q (0 .. 6L-1) of a pass into `buf`: vectors first, then the panel.
+template <int D>
+__device__ void load_stage(const Args& a, uint32_t buf, int q, int tid) {
+  const int l = q / kStepsPerLayer, part = q - l * kStepsPerLayer;
+  const PersistentLayer& w = a.layers[l];
+  const uint32_t panel = buf + kVecBytes;
+  const int F = a.F;
+  if (part < 3) {
+    copy_bytes(buf, w.b_qkv + part * D, D * 2, tid);
+    copy_panel(panel, w.w_qkv + part * D * D, D, D, tid);
+  } else if (part == 3) {
+    copy_bytes(buf, w.b_o, D * 4, tid);
+    copy_bytes(buf + kVecSlot, w.ln2_w, D * 4, tid);
+    copy_bytes(buf + 2 * kVecSlot, w.ln2_b, D * 4, tid);
+    copy_panel(panel, w.w_o, D, D, tid);
+  } else if (part == 4) {
+    copy_bytes(buf, w.b_in, F * 2, tid);
+    copy_panel(panel, w.w_in, F, D, tid);
+  } else {
+    const bool last = l + 1 == a.L;
+    copy_bytes(buf, w.b_out, D * 4, tid);
+    copy_bytes(buf + kVecSlot, last ? a.final_w : a.layers[l + 1].ln1_w, D * 4, tid);
+    copy_bytes(buf + 2 * kVecSlot, last ? a.final_b : a.layers[l + 1].ln1_b, D * 4, tid);
+    copy_panel(panel, w.w_out, D, F, tid);
+  }
+}
+
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+// ---- warp GEMM ------------------------------------------------------------------------------------
+// acc[NT][4] += A (16 x 16 ksteps; a_addr = the lane's ldmatrix address at k = 0) *
+//               B (panel rows = n, K contiguous; b_addr = the lane's address of n-tile pair 0,
+//                  pair_bytes between pairs); n-tile pairs >= npairs are skipped (warp-uniform).
+template <int NT>
+__device__ __forceinline__ void warp_gemm(float (&acc)[NT][4], uint32_t a_addr, uint32_t b_addr, uint32_t pair_bytes,
+                                          int ksteps, int npairs) {
+  // k steps not unrolled: one step (NT/2 ldmatrix, NT mma) is enough to schedule, and unrolled
+  // steps let ptxas hoist B fragments next to the residual.
+#pragma unroll 1
+  for (int ks = 0; ks < ksteps; ++ks) {
+    uint32_t af[4];
+    ldsm_x4(af, a_addr + uint32_t(ks) * 32u);
+#pragma unroll
+    for (int pp = 0; pp < NT / 2; ++pp) {
+      if (pp < npairs) {
+        uint32_t b[4];
+        ldsm_x4(b, b_addr + uint32_t(pp) * pair_bytes + uint32_t(ks) * 32u);
+        mma_16816(acc[2 * pp], af, b[0], b[1]);
+        mma_16816(acc[2 * pp + 1], af, b[2], b[3]);
+      }
+    }
+  }
+}
+
+template <int NT>
+__device__ __forceinline__ void zero(float (&c)[NT][4]) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
+}
+
+// fp16(c + bias) of the first `ntiles` n-tiles into shared rows g (dst) and g + 8 (dst + row8).
+template <int NT>
+__device__ __forceinline__ void store_bias_f16(const float (&c)[NT][4], const __half* bias, uint32_t dst,
+                                               uint32_t row8, int t) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(bias + 8 * j + 2 * t));
+    st_shared_u32(dst + uint32_t(j) * 16u, pack_half2(c[j][0] + b.x, c[j][1] + b.y));
+    st_shared_u32(dst + row8 + uint32_t(j) * 16u, pack_half2(c[j][2] + b.x, c[j][3] + b.y));
+  }
+}
+
+// The split route's ffn_in: the GEMM writes fp16(acc + bias), the GELU pass reads that value and
+// writes fp16(GELU).
+__device__ __forceinline__ float gelu_of_f16(float z) {
+  const float r = __half2float(__float2half_rn(z));
+  return 0.5f * r * (1.f + erff(r * 0.70710678118654752f));
+}
+
+// ---- LayerNorm over the quad ------------------------------------------------------------------
+// Statistics of rows g, g+8 (this thread's two rows): shift = the row's first element (held by
+// the quad leader as acc[0][0] / acc[0][2]), mean of x - shift, centred sum of squares.
+template <int NT>
+__device__ __forceinline__ void ln_stats(const float (&acc)[NT][4], float eps, float (&sh)[2], float (&mean)[2],
+                                         float (&rstd)[2]) {
+  constexpr int D = 8 * NT;
+  const int leader = int(threadIdx.x & 31u) & ~3;
+  sh[0] = __shfl_sync(0xffffffffu, acc[0][0], leader);
+  sh[1] = __shfl_sync(0xffffffffu, acc[0][2], leader);
+  float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    s0 += (acc[j][0] - sh[0]) + (acc[j][1] - sh[0]);
+    s1 += (acc[j][2] - sh[1]) + (acc[j][3] - sh[1]);
+  }
+  s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+  s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+  s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+  s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+  mean[0] = s0 / float(D);
+  mean[1] = s1 / float(D);
+  // The shift again through a (value-preserving) broadcast: with the same register the compiler
+  // keeps every shifted value of the mean loop alive for this loop (D/2 more registers).
+  const float h0 = __shfl_sync(0xffffffffu, sh[0], leader), h1 = __shfl_sync(0xffffffffu, sh[1], leader);
+  float q0 = 0.f, q1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const float a = (acc[j][0] - h0) - mean[0], b = (acc[j][1] - h0) - mean[0];
+    const float c = (acc[j][2] - h1) - mean[1], d = (acc[j][3] - h1) - mean[1];
+    q0 += a * a + b * b;
+    q1 += c * c + d * d;
+  }
+  q0 += __shfl_xor_sync(0xffffffffu, q0, 1);
+  q1 += __shfl_xor_sync(0xffffffffu, q1, 1);
+  q0 += __shfl_xor_sync(0xffffffffu, q0, 2);
+  q1 += __shfl_xor_sync(0xffffffffu, q1, 2);
+  rstd[0] = rsqrtf(q0 / float(D) + eps);
+  rstd[1] = rsqrtf(q1 / float(D) + eps);
+  // Same reason: the normaliser gets shift and mean through another broadcast.
+  sh[0] = __shfl_sync(0xffffffffu, h0, leader);
+  sh[1] = __shfl_sync(0xffffffffu, h1, leader);
+  mean[0] = __shfl_sync(0xffffffffu, mean[0], leader);
+  mean[1] = __shfl_sync(0xffffffffu, mean[1], leader);
+}
+
+// h = fp16(LN(acc) * w + b) into shared rows g (dst) and g + 8 (dst + row8); w, b: [D] fp32.
+template <int NT>
+__device__ __forceinline__ void ln_store_f16(const float (&acc)[NT][4], float eps, const float* w, const float* b,
+                                             uint32_t dst, uint32_t row8, int t) {
+  float sh[2], mean[2], rstd[2];
+  ln_stats<NT>(acc, eps, sh, mean, rstd);
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const float2 wv = *reinterpret_cast<const float2*>(w + 8 * j + 2 * t);
+    const float2 bv = *reinterpret_cast<const float2*>(b + 8 * j + 2 * t);
+    st_shared_u32(dst + uint32_t(j) * 16u,
+                  pack_half2(((acc[j][0] - sh[0]) - mean[0]) * rstd[0] * wv.x + bv.x,
+                             ((acc[j][1] - sh[0]) - mean[0]) * rstd[0] * wv.y + bv.y));
+    st_shared_u32(dst + row8 + uint32_t(j) * 16u,
+                  pack_half2(((acc[j][2] - sh[1]) - mean[1]) * rstd[1] * wv.x + bv.x,
+                             ((acc[j][3] - sh[1]) - mean[1]) * rstd[1] * wv.y + bv.y));
+  }
+}
+
+__device__ __forceinline__ int seq_len(const Args& a, int b) {
+  const int len = a.lengths ? a.lengths[b] : a.S;
+  return len < 0 ? 0 : (len > a.S ? a.S : len);
+}
+
+// ---- the kernel -------------------------------------------------------------------------------------
+template <int D, int HD>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) model_persistent_kernel(const Args a) {
+  constexpr int NT = D / 8;              // n8 tiles across a D-wide row
+  constexpr int LDD = D + 8;             // halves per row of sH, sK, sV and of [*, D] panels
+  constexpr int H = D / HD;
+  constexpr int ND = HD == 8 ? 1 : HD / 8;  // o n-tiles per head
+  constexpr int QF = HD == 8 ? 1 : HD / 16; // q A fragments per head
+  static_assert(D % 16 == 0 && D <= 128, "the residual row block lives in registers");
+  static_assert(HD == 8 || (HD % 16 == 0 && HD <= D), "head_dim 8 or a multiple of 16");
+  constexpr int kKeyBlock = key_block<HD>();
+  constexpr bool kHoldQ = HD < 128;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int F = a.F;
+  const int rows = a.pack * a.st * 16;
+  const Layout Lo = layout(D, F, rows);
+  const int LDQ = Lo.ldq;
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+
+  const uint32_t s0 = smem_u32(smem);
+  const uint32_t sH = s0 + Lo.h, sK = s0 + Lo.k, sV = s0 + Lo.v, sQ = s0 + Lo.q, sStage = s0 + Lo.stage;
+  float* ln0 = reinterpret_cast<float*>(smem + Lo.ln0);  // layer 0's ln1 weight | bias
+
+  // ldmatrix lane addresses. A (16 x 16 at k = 0): lanes 0-15 rows 0-15 at k 0, lanes 16-31 at k 8.
+  // B (two n8 tiles x k16 of a [n][k] panel): matrices (n 0-7, k 0-7), (n 0-7, k 8-15),
+  // (n 8-15, k 0-7), (n 8-15, k 8-15).
+  const int row_a = warp * 16 + (lane & 15);
+  const uint32_t aH = sH + uint32_t(row_a * LDD + (lane >> 4) * 8) * 2u;
+  const uint32_t aQ = sQ + uint32_t(row_a * LDQ + (lane >> 4) * 8) * 2u;
+  const int b_row = (lane & 7) + ((lane >> 4) << 3);
+  const int b_col = ((lane >> 3) & 1) * 8;
+  const uint32_t bD = uint32_t(b_row * LDD + b_col) * 2u;        // panels of K = D
+  const uint32_t bF = uint32_t(b_row * (F + 8) + b_col) * 2u;    // the Wf panel (K = F)
+  // This thread's C-fragment rows g (and g + 8) of the warp's tile.
+  const uint32_t cH = sH + uint32_t((warp * 16 + g) * LDD + 2 * t) * 2u;
+  const uint32_t cK = sK + uint32_t((warp * 16 + g) * LDD + 2 * t) * 2u;
+  const uint32_t cV = sV + uint32_t((warp * 16 + g) * LDD + 2 * t) * 2u;
+  const uint32_t cQ = sQ + uint32_t((warp * 16 + g) * LDQ + 2 * t) * 2u;
+  const uint32_t row8D = uint32_t(8 * LDD * 2), row8Q = uint32_t(8 * LDQ * 2);
+
+  const int i_seq = warp / a.st, lt = warp - i_seq * a.st;  // sequence slot and tile of this warp
+  const bool in_pass = warp < a.pack * a.st;
+  // Keys and values of this warp's sequence slot.
+  const int kv0 = i_seq * a.st * 16;
+  const uint32_t k_lane = sK + uint32_t((kv0 + (lane & 7) + ((lane >> 4) << 3)) * LDD + ((lane >> 3) & 1) * 8) * 2u;
+  const uint32_t v_lane = sV + uint32_t((kv0 + (lane & 7) + (((lane >> 3) & 1) << 3)) * LDD + (lane >> 4) * 8) * 2u;
+  const uint32_t k8_lane = sK + uint32_t((kv0 + (lane & 15)) * LDD) * 2u;  // head_dim 8: 16 keys x 8
+  const uint32_t v8_lane = sV + uint32_t((kv0 + (lane & 15)) * LDD) * 2u;
+  const uint32_t q8_lane = sQ + uint32_t(row_a * LDQ) * 2u;
+
+  for (int i = tid; i < D; i += kThreads) {
+    ln0[i] = a.layers[0].ln1_w[i];
+    ln0[D + i] = a.layers[0].ln1_b[i];
+  }
+  const int steps = kStepsPerLayer * a.L;
+  load_stage<D>(a, sStage, 0, tid);
+  cp_async_commit();
+  __syncthreads();  // ln0 visible
+
+  int q = 0, cur = 0;  // stage index in the pass, buffer holding it
+#pragma unroll 1
+  for (int pass = int(blockIdx.x); pass < a.npasses; pass += int(gridDim.x)) {
+    const bool last_pass = pass + int(gridDim.x) >= a.npasses;
+    const int b = pass * a.pack + i_seq;
+    const bool has_tile = in_pass && b < a.B;
+    const int len = has_tile ? seq_len(a, b) : 0;
+    const bool active = lt * 16 < len;  // false without a tile (len = 0)
+    const int r0 = lt * 16 + g, r1 = r0 + 8;  // this thread's rows in the sequence
+    const int64_t seq_base = int64_t(b) * a.S * D;
+
+    float acc[NT][4];
+    if (active) {
+      // x -> residual (rows >= len: zeros, never read: y may alias x), then LN1 of layer 0.
+      const float* xs = a.x + seq_base;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int col = 8 * j + 2 * t;
+        const float2 x0 = r0 < len ? *reinterpret_cast<const float2*>(xs + int64_t(r0) * D + col) : make_float2(0.f, 0.f);
+        const float2 x1 = r1 < len ? *reinterpret_cast<const float2*>(xs + int64_t(r1) * D + col) : make_float2(0.f, 0.f);
+        acc[j][0] = x0.x;
+        acc[j][1] = x0.y;
+        acc[j][2] = x1.x;
+        acc[j][3] = x1.y;
+      }
+      ln_store_f16<NT>(acc, a.eps, ln0, ln0 + D, cH, row8D, t);
+    } else if (has_tile) {
+      // A tile of padding only: its y rows are zeros.
+      float* ys = a.y + seq_base + int64_t(lt) * 16 * D;
+      const int n4 = (min(a.S - lt * 16, 16) * D) >> 2;
+      for (int i = lane; i < n4; i += 32) reinterpret_cast<float4*>(ys)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+
+    // Next weight stage: see the file comment. Returns the stage's buffer (shared address).
+    auto step = [&]() -> uint32_t {
+      cp_async_wait_all();
+      __syncthreads();
+      const int qn = q + 1 == steps ? 0 : q + 1;
+      if (!(last_pass && qn == 0)) load_stage<D>(a, sStage + uint32_t(cur ^ 1) * Lo.stage_bytes, qn, tid);
+      cp_async_commit();
+      const uint32_t buf = sStage + uint32_t(cur) * Lo.stage_bytes;
+      cur ^= 1;
+      q = qn;
+      return buf;
+    };
+    auto vec = [&](uint32_t buf, int slot) { return smem + (buf - s0) + slot * kVecSlot; };
+
+#pragma unroll 1
+    for (int l = 0; l < a.L; ++l) {
+      // 0-2: q, k, v of the warp's rows.
+#pragma unroll 1
+      for (int part = 0; part < 3; ++part) {
+        const uint32_t buf = step();
+        if (active) {
+          float c[NT][4];
+          zero(c);
+          warp_gemm<NT>(c, aH, buf + kVecBytes + bD, uint32_t(16 * LDD * 2), D / 16, NT / 2);
+          const __half* bias = reinterpret_cast<const __half*>(vec(buf, 0));
+          if (part == 0) store_bias_f16<NT>(c, bias, cQ, row8Q, t);
+          else store_bias_f16<NT>(c, bias, part == 1 ? cK : cV, row8D, t);
+        }
+      }
+      // 3: attention, out_proj, LN2.
+      {
+        const uint32_t buf = step();  // also: every tile's k, v of this layer are visible
+        if (active) {
+          const int nkt = (len + 15) >> 4;
+          const int nk = a.causal ? min(lt + 1, nkt) : nkt;  // key tiles this tile sees
+          // Key j = kt*16 + n*8 + 2t + (e&1) of row r is allowed iff kt*16 + n*8 + (e&1) < lim[r].
+          const int lim[2] = {(a.causal ? min(len, r0 + 1) : len) - 2 * t, (a.causal ? min(len, r1 + 1) : len) - 2 * t};
+          const float sl2 = a.scale_log2;
+#pragma unroll 1
+          for (int hh = 0; hh < H; ++hh) {
+            // q of this head as A fragments, held for the whole key loop (head_dim 128: reloaded
+            // per key tile instead; holding its 32 registers spilled on sm_80).
+            uint32_t qf[kHoldQ ? QF : 1][4];
+            if constexpr (HD == 8) {
+              ldsm_x2(qf[0][0], qf[0][1], q8_lane + uint32_t(hh) * 16u);
+            } else if constexpr (kHoldQ) {
+#pragma unroll
+              for (int ks = 0; ks < QF; ++ks) ldsm_x4(qf[ks], aQ + uint32_t(hh * HD + ks * 16) * 2u);
+            }
+            float o[ND][4];
+            zero(o);
+            float m[2] = {-INFINITY, -INFINITY};  // running row max (raw score units)
+            float lsum[2] = {0.f, 0.f};           // running row sum over this thread's columns
+#pragma unroll 1
+            for (int kb = 0; kb * kKeyBlock < nk; ++kb) {
+              float s[2 * kKeyBlock][4];
+#pragma unroll
+              for (int kk = 0; kk < kKeyBlock; ++kk) {
+                const int kt = kb * kKeyBlock + kk;
+                if (kt < nk) {
+#pragma unroll
+                  for (int e = 0; e < 4; ++e) s[2 * kk][e] = s[2 * kk + 1][e] = 0.f;
+                  if constexpr (HD == 8) {
+                    uint32_t b0, b1;
+                    ldsm_x2(b0, b1, k8_lane + uint32_t(kt * 16 * LDD) * 2u + uint32_t(hh) * 16u);
+                    mma_1688(s[2 * kk], qf[0][0], qf[0][1], b0);
+                    mma_1688(s[2 * kk + 1], qf[0][0], qf[0][1], b1);
+                  } else {
+#pragma unroll
+                    for (int ks = 0; ks < QF; ++ks) {
+                      if constexpr (!kHoldQ) ldsm_x4(qf[0], aQ + uint32_t(hh * HD + ks * 16) * 2u);
+                      const uint32_t(&qa)[4] = qf[kHoldQ ? ks : 0];
+                      uint32_t b0, b1, b2, b3;
+                      ldsm_x4(b0, b1, b2, b3, k_lane + uint32_t(kt * 16 * LDD + hh * HD + ks * 16) * 2u);
+                      mma_16816(s[2 * kk], qa, b0, b1);
+                      mma_16816(s[2 * kk + 1], qa, b2, b3);
+                    }
+                  }
+                  // Masks only where the tile crosses the length or the diagonal (warp-uniform).
+                  if (kt * 16 + 16 > len || (a.causal && kt == lt)) {
+#pragma unroll
+                    for (int n = 0; n < 2; ++n)
+#pragma unroll
+                      for (int e = 0; e < 4; ++e)
+                        if (kt * 16 + n * 8 + (e & 1) >= lim[e >> 1]) s[2 * kk + n][e] = -INFINITY;
+                  }
+                }
+              }
+              float mx[2] = {m[0], m[1]};
+#pragma unroll
+              for (int kk = 0; kk < kKeyBlock; ++kk) {
+                if (kb * kKeyBlock + kk < nk) {
+#pragma unroll
+                  for (int n = 0; n < 2; ++n) {
+                    mx[0] = fmaxf(mx[0], fmaxf(s[2 * kk + n][0], s[2 * kk + n][1]));
+                    mx[1] = fmaxf(mx[1], fmaxf(s[2 * kk + n][2], s[2 * kk + n][3]));
+                  }
+                }
+              }
+              float mb[2];  // max in exp2 units; 0 while a row has seen only masked keys
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                mb[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
+                const float alpha = ex2(m[r] * sl2 - mb[r]);
+                m[r] = mx[r];
+                lsum[r] *= alpha;
+#pragma unroll
+                for (int dt = 0; dt < ND; ++dt) {
+                  o[dt][2 * r] *= alpha;
+                  o[dt][2 * r + 1] *= alpha;
+                }
+              }
+#pragma unroll
+              for (int kk = 0; kk < kKeyBlock; ++kk) {
+                const int kt = kb * kKeyBlock + kk;
+                if (kt < nk) {
+#pragma unroll
+                  for (int n = 0; n < 2; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                      s[2 * kk + n][e] = ex2(fmaf(s[2 * kk + n][e], sl2, -mb[e >> 1]));
+                      lsum[e >> 1] += s[2 * kk + n][e];
+                    }
+                  // O += P V: the score accumulators of the tile's two key n-tiles form one A fragment.
+                  const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
+                                          pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                          pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                  if constexpr (HD == 8) {
+                    uint32_t b0, b1;
+                    ldsm_x2_t(b0, b1, v8_lane + uint32_t(kt * 16 * LDD) * 2u + uint32_t(hh) * 16u);
+                    mma_16816(o[0], pa, b0, b1);
+                  } else {
+#pragma unroll
+                    for (int dp = 0; dp < HD / 16; ++dp) {
+                      uint32_t b0, b1, b2, b3;
+                      ldsm_x4_t(b0, b1, b2, b3, v_lane + uint32_t(kt * 16 * LDD + hh * HD + dp * 16) * 2u);
+                      mma_16816(o[2 * dp], pa, b0, b1);
+                      mma_16816(o[2 * dp + 1], pa, b2, b3);
+                    }
+                  }
+                }
+              }
+            }
+            // o = fp16(O / l) over this head's q columns (every lane has read its q fragments).
+            float inv[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              lsum[r] += __shfl_xor_sync(0xffffffffu, lsum[r], 1);
+              lsum[r] += __shfl_xor_sync(0xffffffffu, lsum[r], 2);
+              inv[r] = lsum[r] > 0.f ? 1.f / lsum[r] : 0.f;
+            }
+            __syncwarp();
+#pragma unroll
+            for (int dt = 0; dt < ND; ++dt) {
+              const uint32_t at = cQ + uint32_t(hh * HD + dt * 8) * 2u;
+              st_shared_u32(at, pack_half2(o[dt][0] * inv[0], o[dt][1] * inv[0]));
+              st_shared_u32(at + row8Q, pack_half2(o[dt][2] * inv[1], o[dt][3] * inv[1]));
+            }
+          }
+          __syncwarp();  // o of every lane before the out_proj ldmatrix
+          warp_gemm<NT>(acc, aQ, buf + kVecBytes + bD, uint32_t(16 * LDD * 2), D / 16, NT / 2);
+          const float* bo = reinterpret_cast<const float*>(vec(buf, 0));
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            const float2 bv = *reinterpret_cast<const float2*>(bo + 8 * j + 2 * t);
+            acc[j][0] += bv.x;
+            acc[j][1] += bv.y;
+            acc[j][2] += bv.x;
+            acc[j][3] += bv.y;
+          }
+          ln_store_f16<NT>(acc, a.eps, reinterpret_cast<const float*>(vec(buf, 1)),
+                           reinterpret_cast<const float*>(vec(buf, 2)), cH, row8D, t);
+          __syncwarp();
+        }
+      }
+      // 4: f = GELU(h Wi^T + bi) into sQ, in chunks of kFC columns.
+      {
+        const uint32_t buf = step();
+        if (active) {
+          const __half* bias = reinterpret_cast<const __half*>(vec(buf, 0));
+#pragma unroll 1
+          for (int c0 = 0; c0 < F; c0 += kFC) {
+            float c[kFC / 8][4];
+            zero(c);
+            warp_gemm<kFC / 8>(c, aH, buf + kVecBytes + bD + uint32_t(c0 * LDD * 2), uint32_t(16 * LDD * 2), D / 16,
+                               min(kFC, F - c0) / 16);
+#pragma unroll
+            for (int j = 0; j < kFC / 8; ++j) {
+              const int col = c0 + 8 * j;
+              if (col < F) {
+                const float2 bv = __half22float2(*reinterpret_cast<const __half2*>(bias + col + 2 * t));
+                st_shared_u32(cQ + uint32_t(col) * 2u,
+                              pack_half2(gelu_of_f16(c[j][0] + bv.x), gelu_of_f16(c[j][1] + bv.y)));
+                st_shared_u32(cQ + row8Q + uint32_t(col) * 2u,
+                              pack_half2(gelu_of_f16(c[j][2] + bv.x), gelu_of_f16(c[j][3] + bv.y)));
+              }
+            }
+          }
+          __syncwarp();
+        }
+      }
+      // 5: x += f Wf^T + bf; then the next layer's LN1, or the final LayerNorm into y.
+      {
+        const uint32_t buf = step();
+        if (active) {
+          warp_gemm<NT>(acc, aQ, buf + kVecBytes + bF, uint32_t(16 * (F + 8) * 2), F / 16, NT / 2);
+          const float* bf = reinterpret_cast<const float*>(vec(buf, 0));
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            const float2 bv = *reinterpret_cast<const float2*>(bf + 8 * j + 2 * t);
+            acc[j][0] += bv.x;
+            acc[j][1] += bv.y;
+            acc[j][2] += bv.x;
+            acc[j][3] += bv.y;
+          }
+          const float* lw = reinterpret_cast<const float*>(vec(buf, 1));
+          const float* lb = reinterpret_cast<const float*>(vec(buf, 2));
+          if (l + 1 < a.L) {
+            ln_store_f16<NT>(acc, a.eps, lw, lb, cH, row8D, t);
+          } else {
+            float sh[2], mean[2], rstd[2];
+            ln_stats<NT>(acc, a.eps, sh, mean, rstd);
+            float* ys = a.y + seq_base;
+            const bool v0 = r0 < len, v1 = r1 < len;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+              const int col = 8 * j + 2 * t;
+              const float2 wv = *reinterpret_cast<const float2*>(lw + col);
+              const float2 bv = *reinterpret_cast<const float2*>(lb + col);
+              if (r0 < a.S) {
+                *reinterpret_cast<float2*>(ys + int64_t(r0) * D + col) =
+                    v0 ? make_float2(((acc[j][0] - sh[0]) - mean[0]) * rstd[0] * wv.x + bv.x,
+                                     ((acc[j][1] - sh[0]) - mean[0]) * rstd[0] * wv.y + bv.y)
+                       : make_float2(0.f, 0.f);
+              }
+              if (r1 < a.S) {
+                *reinterpret_cast<float2*>(ys + int64_t(r1) * D + col) =
+                    v1 ? make_float2(((acc[j][2] - sh[1]) - mean[1]) * rstd[1] * wv.x + bv.x,
+                                     ((acc[j][3] - sh[1]) - mean[1]) * rstd[1] * wv.y + bv.y)
+                       : make_float2(0.f, 0.f);
+              }
+            }
+          }
+          __syncwarp();
+        }
+      }
+    }
+  }
+  cp_async_wait_all();
+}
+
+// ---- launch layer -----------------------------------------------------------------------------------
+using KernelFn = void (*)(Args);
+
+KernelFn kernel_of(int D, int hd) {
+  if (D == 128) {
+    switch (hd) {
+      case 8: return model_persistent_kernel<128, 8>;
+      case 16: return model_persistent_kernel<128, 16>;
+      case 32: return model_persistent_kernel<128, 32>;
+      case 64: return model_persistent_kernel<128, 64>;
+      case 128: return model_persistent_kernel<128, 128>;
+      default: return nullptr;
+    }
+  }
+  if (D == 64) {
+    switch (hd) {
+      case 8: return model_persistent_kernel<64, 8>;
+      case 16: return model_persistent_kernel<64, 16>;
+      case 32: return model_persistent_kernel<64, 32>;
+      case 64: return model_persistent_kernel<64, 64>;
+      default: return nullptr;
+    }
+  }
+  return nullptr;
+}
+
+struct DeviceInfo {
+  int sms = 0;
+  size_t smem_optin = 0;
+};
+// The current device at first use (the backend runs on one device per process). Without a usable
+// device everything stays 0, so supports() answers false instead of throwing.
+const DeviceInfo& device_info() {
+  static const DeviceInfo info = [] {
+    DeviceInfo d;
+    int dev = 0, sms = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+      cudaGetLastError();  // clear the non-sticky error
+      return d;
+    }
+    d.sms = sms;
+    d.smem_optin = size_t(optin);
+    return d;
+  }();
+  return info;
+}
+
+// Raises every instantiation's dynamic shared-memory limit to the device's opt-in maximum, once.
+void ensure_smem_limits() {
+  static const bool done = [] {
+    const int bytes = int(device_info().smem_optin);
+    for (int D : {64, 128})
+      for (int hd : {8, 16, 32, 64, 128})
+        if (KernelFn k = kernel_of(D, hd))
+          HK_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    return true;
+  }();
+  (void)done;
+}
+
+int tiles_of(int S) { return (S + 15) / 16; }
+
+bool shape_supported(const ModelConfig& c, int S) {
+  const int D = c.d_model, H = c.n_heads, F = c.ffn_dim;
+  if (H < 1 || D % H != 0 || !kernel_of(D, D / H)) return false;
+  if (F < 16 || F > kMaxF || F % 16 != 0) return false;
+  if (c.n_layers < 1 || S < 1 || S > kMaxS) return false;
+  return true;
+}
+
+size_t smem_for(const ModelConfig& c, int S, int pack) {
+  return layout(c.d_model, c.ffn_dim, pack * tiles_of(S) * 16).total;
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+std::vector<PersistentLayer> persistent_layer_table(const DeviceWeights& w, int layers) {
+  if (w.gemm_type() != DType::f16)
+    throw std::invalid_argument("hk::model[cuda.persistent]: needs fp16 weights (precision 'fast')");
+  std::vector<PersistentLayer> t;
+  for (int l = 0; l < layers; ++l) {
+    const DeviceLayerWeights& d = w.layer(l);
+    t.push_back({d.ln1_w, d.ln1_b, static_cast<const __half*>(d.w_qkv), static_cast<const __half*>(d.b_qkv),
+                 static_cast<const __half*>(d.w_o), d.b_o, d.ln2_w, d.ln2_b, static_cast<const __half*>(d.w_in),
+                 static_cast<const __half*>(d.b_in), static_cast<const __half*>(d.w_out), d.b_out});
+  }
+  return t;
+}
+
+bool model_persistent_supports(const ModelConfig& config, int S) {
+  if (!shape_supported(config, S)) return false;
+  if (device_info().sms == 0 || smem_for(config, S, 1) > device_info().smem_optin) return false;
+  ensure_smem_limits();
+  return true;
+}
+
+PersistentModel::PersistentModel(const ModelConfig& config, const DeviceWeights& weights) : config_(config) {
+  if (config.n_layers < 1) throw std::invalid_argument("hk::model[cuda.persistent]: n_layers < 1");
+  std::vector<PersistentLayer> table;
+  try {
+    table = persistent_layer_table(weights, config.n_layers);
+  } catch (const std::out_of_range&) {
+    throw std::invalid_argument("hk::model[cuda.persistent]: the weights hold fewer layers than the config");
+  }
+  HK_CUDA_CHECK(cudaMalloc(&layers_, table.size() * sizeof(PersistentLayer)));
+  try {
+    HK_CUDA_CHECK(cudaMemcpy(layers_, table.data(), table.size() * sizeof(PersistentLayer), cudaMemcpyHostToDevice));
+  } catch (...) {
+    cudaFree(layers_);
+    throw;
+  }
+  final_w_ = weights.final_w();
+  final_b_ = weights.final_b();
+}
+
+PersistentModel::~PersistentModel() { cudaFree(layers_); }
+
+void model_persistent_forward(const PersistentModel& model, int S, const float* x, const int32_t* lengths, int B,
+                              float* y, cudaStream_t stream) {
+  const ModelConfig& c = model.config();
+  auto fail = [](const std::string& what) {
+    throw std::invalid_argument("hk::model[cuda.persistent]: " + what);
+  };
+  if (!model_persistent_supports(c, S)) fail("unsupported shape or device (see model_persistent.cuh)");
+  if (B < 0) fail("B < 0");
+  if (B == 0) return;
+  if (!x || !y || !aligned16(x) || !aligned16(y)) fail("x and y must be 16-byte aligned device pointers");
+
+  const DeviceInfo& dev = device_info();
+  const int st = tiles_of(S);
+  // Sequences per pass: as many as fill one wave of CTAs first, then packed into the 8 tiles.
+  int pack_max = kMaxTiles / st;
+  while (pack_max > 1 && smem_for(c, S, pack_max) > dev.smem_optin) --pack_max;
+  const KernelFn kernel = kernel_of(c.d_model, c.head_dim());
+  int occ = 0;
+  HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kThreads, smem_for(c, S, 1)));
+  if (occ < 1) fail("kernel does not fit on an SM");
+  const int64_t wave = int64_t(occ) * dev.sms;
+  const int pack = int(std::min<int64_t>(pack_max, std::max<int64_t>(1, (B + wave - 1) / wave)));
+  const size_t smem = smem_for(c, S, pack);
+  HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kThreads, smem));
+  if (occ < 1) fail("kernel does not fit on an SM");
+
+  Args a;
+  a.layers = model.device_layers();
+  a.final_w = model.final_w();
+  a.final_b = model.final_b();
+  a.x = x;
+  a.y = y;
+  a.lengths = lengths;
+  a.B = B;
+  a.S = S;
+  a.F = c.ffn_dim;
+  a.L = c.n_layers;
+  a.st = st;
+  a.pack = pack;
+  a.npasses = (B + pack - 1) / pack;
+  a.eps = float(c.eps);
+  a.scale_log2 = float(1.0 / std::sqrt(double(c.head_dim()))) * kLog2e;
+  a.causal = c.causal;
+  const int grid = int(std::min<int64_t>(a.npasses, int64_t(occ) * dev.sms));
+  kernel<<<unsigned(grid), kThreads, smem, stream>>>(a);
+  HK_CUDA_CHECK_LAUNCH();
+}
+
+const char* model_persistent_name(const ModelConfig& config) {
+  switch (config.d_model) {
+    case 64: return "hk::model[cuda.persistent.d64]";
+    case 128: return "hk::model[cuda.persistent.d128]";
+    default: return "";
+  }
+}
+
+}  // namespace hk::cuda

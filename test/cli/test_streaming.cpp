@@ -1,0 +1,123 @@
+// hk_forward's streaming: an input several times larger than --mem-cap runs within the cap
+// (peak resident memory, VmHWM, printed by --stats) and gives the same bits as one chunk; the
+// progress line shows the rate, the stages' shares and the ETA.
+// usage: hk_cli_streaming_test <hk_forward> [gtest flags]
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "h5_test_util.hpp"
+#include "process_util.hpp"
+
+namespace hk::test {
+namespace {
+
+std::string g_forward;
+
+// Model D=32 H=4 F=64 L=2 and an input of B sequences of S positions in one file.
+void write_case(const std::string& path, int B, int S) {
+  ModelConfig c;
+  c.d_model = 32;
+  c.n_heads = 4;
+  c.n_layers = 2;
+  c.ffn_dim = 64;
+  c.causal = true;
+  io::write_model(path, synthetic_model(c, 7, true), {}, io::WriteMode::create);
+  const std::vector<float> x = synthetic_input(B, S, c.d_model, 7);
+  const std::vector<int32_t> len = synthetic_lengths(B, S, 7);
+  io::write_input(path, B, S, c.d_model, x.data(), len.data(), io::DType::float32, io::WriteMode::append);
+}
+
+ProcResult forward(const ScratchDir& dir, std::vector<std::string> args) {
+  args.insert(args.begin(), g_forward);
+  return run_process(args, dir.path(""), dir.path("capture"));
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// x is 4000 x 64 x 32 float32 = 32.8 MB; the cap is 8 MiB. The fixed part of the memory (program,
+// libraries, weights) is measured on a one-sequence input of the same model; the capped run may
+// add at most the cap to it (plus 4 MiB of allocator and BLAS slack). Without streaming the x
+// alone would exceed that. Reference precision is bit-identical whatever the chunking, so the
+// capped run must equal one chunk of the whole batch exactly.
+TEST(Streaming, MemCapBoundsPeakMemoryAndMatchesOneChunk) {
+  ScratchDir dir;
+  const int B = 4000, S = 64;
+  write_case(dir.path("big.h5"), B, S);
+  write_case(dir.path("tiny.h5"), 1, S);
+  const int64_t cap = int64_t(8) << 20;
+  const std::vector<std::string> common = {"--backend", "kokkos", "--precision", "reference", "--stats", "--quiet"};
+  auto args = [&](std::vector<std::string> a) {
+    a.insert(a.end(), common.begin(), common.end());
+    return a;
+  };
+
+  const ProcResult base = forward(dir, args({"--input", "tiny.h5", "--output", "tiny_y.h5", "--mem-cap", "8M"}));
+  ASSERT_EQ(base.status, 0) << base.err;
+  const ProcResult capped = forward(dir, args({"--input", "big.h5", "--output", "capped.h5", "--mem-cap", "8M"}));
+  ASSERT_EQ(capped.status, 0) << capped.err;
+  const ProcResult whole =
+      forward(dir, args({"--input", "big.h5", "--output", "whole.h5", "--batch-chunk", std::to_string(B)}));
+  ASSERT_EQ(whole.status, 0) << whole.err;
+
+  const double base_kib = stat_of(base.out, "peak_rss_kib"), capped_kib = stat_of(capped.out, "peak_rss_kib");
+  const double whole_kib = stat_of(whole.out, "peak_rss_kib");
+  ASSERT_GT(base_kib, 0) << base.out;
+  ASSERT_GT(capped_kib, 0) << capped.out;
+  EXPECT_GT(stat_of(capped.out, "chunks"), 10) << "the input was not cut into chunks: " << capped.out;
+  EXPECT_EQ(stat_of(capped.out, "mem_cap"), double(cap)) << capped.out;
+  const double limit_kib = base_kib + double(cap) / 1024 + 4096;
+  EXPECT_LE(capped_kib, limit_kib) << "peak " << capped_kib << " KiB, fixed part " << base_kib << " KiB, cap "
+                                   << cap / 1024 << " KiB";
+  // The check can fail: one chunk of the whole batch needs far more.
+  EXPECT_GT(whole_kib, limit_kib + 16 * 1024) << "the test input is too small to tell streaming apart";
+
+  const io::OutputData a = io::read_output(dir.path("capped.h5")), b = io::read_output(dir.path("whole.h5"));
+  ASSERT_EQ(a.B, B);
+  EXPECT_TRUE(same_bits(a.y, b.y)) << "the streamed output differs from one chunk";
+  EXPECT_EQ(b.attributes.at("batch_chunk"), std::to_string(B));
+  EXPECT_EQ(a.attributes.at("batch_chunk"), std::to_string(int64_t(stat_of(capped.out, "chunk"))));
+}
+
+TEST(Streaming, MemCapTooSmallOrMalformedIsAnError) {
+  ScratchDir dir;
+  write_case(dir.path("in.h5"), 4, 64);
+  for (const char* cap : {"1K", "-5", "lots", "0"}) {
+    const ProcResult r = forward(dir, {"--input", "in.h5", "--output", "y.h5", "--backend", "kokkos", "--mem-cap", cap});
+    EXPECT_EQ(r.status, 1) << cap << ": " << r.err;
+    EXPECT_EQ(r.err_lines_starting("hk_forward: error: --mem-cap ").size(), 1u) << cap << ": " << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir.path("y.h5")));
+  }
+}
+
+// --chunk is --batch-chunk; --progress into a log prints one line per update with tokens/s,
+// the busy share of read, compute and write, and the ETA; the last line is 100%.
+TEST(Streaming, ChunkAliasAndProgressLine) {
+  ScratchDir dir;
+  write_case(dir.path("in.h5"), 12, 16);
+  const ProcResult r = forward(dir, {"--input", "in.h5", "--output", "y.h5", "--backend", "kokkos", "--chunk", "5",
+                                     "--progress", "--stats"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(stat_of(r.out, "chunk"), 5) << r.out;
+  EXPECT_EQ(stat_of(r.out, "chunks"), 3) << r.out;
+  const std::vector<std::string> lines = r.err_lines_starting("100%");
+  ASSERT_EQ(lines.size(), 1u) << r.err;
+  for (const char* part : {"tokens/s", "read ", "compute ", "write ", "ETA "})
+    EXPECT_NE(lines[0].find(part), std::string::npos) << part << " missing in: " << lines[0];
+  EXPECT_EQ(io::read_output(dir.path("y.h5")).attributes.at("batch_chunk"), "5");
+}
+
+}  // namespace
+}  // namespace hk::test
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s <hk_forward> [gtest flags]\n", argv[0]);
+    return 2;
+  }
+  hk::test::g_forward = std::filesystem::absolute(argv[1]).string();
+  return RUN_ALL_TESTS();
+}
