@@ -73,6 +73,8 @@ DeviceArena::DeviceArena(const ActivationLayout& layout, int max_batch, int seq_
   allocate(&base_, layout.total, false, what.c_str());
   try {
     HK_CUDA_CHECK(cudaMemset(base_, poison ? 0xFF : 0, layout.total));
+    // The packing kernel's overflow flag is state, not data: it starts cleared whatever the fill.
+    HK_CUDA_CHECK(cudaMemset(static_cast<unsigned char*>(base_) + layout.pack_flag, 0, 4));
     std::vector<int32_t> full(size_t(max_batch), seq_len);
     auto* b = static_cast<unsigned char*>(base_);
     HK_CUDA_CHECK(cudaMemcpy(b + layout.lengths_full, full.data(), full.size() * 4, cudaMemcpyHostToDevice));

@@ -1308,8 +1308,14 @@ void CudaEngine::Impl::decide_whole_model(Plan& p, const Ctx& c) {
   const tune::TuneKey k = key(p, "model.whole", sources);
   const tune::ChooserOptions opt = chooser_options();
   if (!chooser->answered(k, cands, opt)) ref = scratch(inner_scratch, buf_bytes(p, kY), c.stream);
+  const size_t x_bytes = size_t(p.B) * size_t(S) * size_t(cfg.d_model) * sizeof(float);
   tune::Probe probe;
-  probe.run = [&](int i) { run_with(i, w); };
+  probe.run = [&](int i) {
+    if (c.y == c.x)  // in place: every candidate starts from the input (kept by warm_up)
+      HK_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(c.x), alias_scratch.get(), x_bytes, cudaMemcpyDeviceToDevice,
+                                    c.stream));
+    run_with(i, w);
+  };
   probe.keep_reference = [&] { copy_set(p, kY, c, ref, true); };
   probe.difference = [&] { return diff_set(p, kY, c, ref); };
   probe.time = [&](int i) {
@@ -1405,7 +1411,19 @@ cudaGraphExec_t CudaEngine::Impl::graph_for(Plan& p, const GraphKey& key, cudaSt
   }
   if (!p.graph_decided && routes.tune) {
     const auto t0 = std::chrono::steady_clock::now();
+    // In place (y == x) the timed forwards overwrite the input: keep it and put it back.
+    const size_t x_bytes = size_t(p.B) * size_t(S) * size_t(cfg.d_model) * sizeof(float);
+    const bool aliased = c.x == c.y;
+    if (aliased)
+      HK_CUDA_CHECK(cudaMemcpyAsync(scratch(alias_scratch, x_bytes, capture_stream), c.x, x_bytes,
+                                    cudaMemcpyDeviceToDevice, capture_stream));
     decide_graph(p, g, c);
+    if (aliased) {
+      HK_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(c.x), alias_scratch.get(), x_bytes, cudaMemcpyDeviceToDevice,
+                                    capture_stream));
+      HK_CUDA_CHECK(cudaStreamSynchronize(capture_stream));
+      alias_scratch = DeviceBuffer();
+    }
     HK_CUDA_CHECK(cudaEventRecord(done, capture_stream));
     const tune::Decision& d = p.decisions.back();
     p.report.warmup_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
