@@ -605,6 +605,9 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B, int64_t rows) {
       auto m = std::make_unique<MaterializedAttention>(lt);
       if (m->prepare(a, &why)) {
         p->materialized_workspace = DeviceBuffer(attention_materialized_workspace(a));
+        // The score rows' padding columns (S rounded up to 8) are never written by the GEMMs;
+        // the softmax reads them in pairs and ignores them: zero once, so nothing reads garbage.
+        HK_CUDA_CHECK(cudaMemset(p->materialized_workspace.get(), 0, p->materialized_workspace.bytes()));
         p->materialized = std::move(m);
       } else {
         p->materialized_note = why;

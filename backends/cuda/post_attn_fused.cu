@@ -304,10 +304,20 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
       cp_async_16(tile + uint32_t(r * SA + c) * 2u, valid ? p.o + (row0 + r) * D + c : p.o, valid);
     }
   };
-  // acc = x_in for the thread's fragment positions (zeros past `rows` / D). The bias is added
-  // after out_proj: loaded here, it would sit in registers next to the x loads in flight.
+  // The residual is accumulated relative to its row's first element c = x_in[r][0]: acc = x_in - c
+  // for the thread's fragment positions (zeros past `rows` / D), and x_out = acc + c. Each k step
+  // of the mma adds into acc and rounds to acc's ulp: relative to c that is the ulp of the row's
+  // spread, not of its magnitude (|x| ~ 1e4 would otherwise lose ~1e-3 per k step). LayerNorm is
+  // shift-invariant, so the chain's LayerNorms read acc as it is. The bias is added after
+  // out_proj: loaded here, it would sit in registers next to the x loads in flight.
+  auto row_offsets = [&](int64_t r0, int64_t r1, float& c0, float& c1) {
+    c0 = r0 < rows ? p.x_in[r0 * D] : 0.f;
+    c1 = r1 < rows ? p.x_in[r1 * D] : 0.f;
+  };
   auto load_x = [&](float (&acc)[NT][4], int64_t row0) {
     const int64_t r0 = row0 + g, r1 = row0 + g + 8;
+    float c0, c1;
+    row_offsets(r0, r1, c0, c1);
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       const int col = 8 * j + 2 * t;
@@ -315,10 +325,12 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
       float2 x0 = make_float2(0.f, 0.f), x1 = x0;
       if (cok && r0 < rows) x0 = *reinterpret_cast<const float2*>(p.x_in + r0 * D + col);
       if (cok && r1 < rows) x1 = *reinterpret_cast<const float2*>(p.x_in + r1 * D + col);
-      acc[j][0] = x0.x;
-      acc[j][1] = x0.y;
-      acc[j][2] = x1.x;
-      acc[j][3] = x1.y;
+      // Columns past D (padded kernels) hold -c: finite, and never normalised, stored or
+      // multiplied by anything but the zero padding of the weights and LayerNorm parameters.
+      acc[j][0] = x0.x - c0;
+      acc[j][1] = x0.y - c0;
+      acc[j][2] = x1.x - c1;
+      acc[j][3] = x1.y - c1;
     }
   };
   // acc += bias (a [DP] fp32 vector in smem).
@@ -348,12 +360,18 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
     const int64_t r0 = row0 + g, r1 = row0 + g + 8;
     add_bias(acc, v_bout);
     if (!p.tail) {
+      // The offsets again (x_out may be x_in: every lane reads them before any lane writes).
+      float c0, c1;
+      row_offsets(r0, r1, c0, c1);
+      __syncwarp();
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const int col = 8 * j + 2 * t;
         if (kPad && col >= D) continue;
-        if (r0 < rows) *reinterpret_cast<float2*>(p.x_out + r0 * D + col) = make_float2(acc[j][0], acc[j][1]);
-        if (r1 < rows) *reinterpret_cast<float2*>(p.x_out + r1 * D + col) = make_float2(acc[j][2], acc[j][3]);
+        if (r0 < rows)
+          *reinterpret_cast<float2*>(p.x_out + r0 * D + col) = make_float2(acc[j][0] + c0, acc[j][1] + c0);
+        if (r1 < rows)
+          *reinterpret_cast<float2*>(p.x_out + r1 * D + col) = make_float2(acc[j][2] + c1, acc[j][3] + c1);
       }
       const RowStats st = row_stats<NT, kPad>(acc, D, p.eps);
       __syncwarp();

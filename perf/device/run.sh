@@ -205,7 +205,7 @@ if want regress; then
   mkdir -p "$OUT/regress"
   if [ -f "$OUT/bench_hk.json" ]; then
     python3 "$share/regress/run.py" --from-json "$OUT/bench_hk.json" --kind cuda --filter '/tuned/' \
-      --git-hash "${HK_GIT_HASH:-unknown}" --build-type Release --results-dir "$OUT/regress" \
+      --git-hash "${HK_GIT_HASH:-$(head -1 "$share/git-hash.txt" 2>/dev/null || echo unknown)}" --build-type Release --results-dir "$OUT/regress" \
       --baseline-dir "$OUT/regress" --update-baseline 2>&1 | tail -20
     status[regress]=${PIPESTATUS[0]}
     run_json=$(ls "$OUT"/regress/cuda-*/*.json 2>/dev/null | head -1)

@@ -29,6 +29,8 @@ cp apps/hk_reference.py perf/peers.py perf/device/summarize.py "$stage/pkg/share
 [ -f perf/device/sanitize.sh ] && cp perf/device/sanitize.sh "$stage/pkg/share/"
 mkdir -p "$stage/pkg/share/regress" && cp perf/regress/*.py "$stage/pkg/share/regress/"
 cp ../shared/spec/cases.csv "$stage/pkg/share/cases.csv"
+# The commit the stage was built from (run.sh records it with the regression run).
+{ git rev-parse HEAD; [ -n "$(git status --porcelain --untracked-files=no)" ] && echo dirty; } > "$stage/pkg/share/git-hash.txt" 2>/dev/null || true
 cp -r data "$stage/pkg/share/data"
 tar -C "$stage" -cJf "$stage/hk-stage.tar.xz" pkg
 rm -rf "$stage/pkg"
