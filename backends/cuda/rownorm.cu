@@ -22,7 +22,8 @@ namespace {
 //   block per row (256 threads): D up to 256 * 32 = 8192 floats in registers.
 //   beyond that the row is read from memory three times (rare: d_model > 8192).
 constexpr int kWarp = 32;
-constexpr int kWarpRowsPerBlock = 4;
+constexpr int kWarpRowsPerBlock = 4;     // default rows (warps) per block of the warp-per-row kernel
+constexpr int kMaxWarpRowsPerBlock = 8;  // the most a tuned launch may use
 constexpr int kBlockThreads = 256;
 constexpr int kMaxRowFloatsPerThread = 32;
 
@@ -53,6 +54,7 @@ struct RowNormArgs {
   float* y = nullptr;
   int32_t* overflow = nullptr;
   int32_t* row_dst = nullptr;  // pack: written; final_packed: read
+  int rows_per_block = 0;      // warp-per-row launches: rows (warps) per block, 0 = default
 };
 
 template <int VEC>
@@ -204,11 +206,12 @@ __device__ __forceinline__ bool route(const RowNormArgs& a, int64_t item, int ti
 }
 
 template <class OutT, int VEC, int NV, int TPR, Mode M>
-__global__ void __launch_bounds__(TPR == kWarp ? kWarp * kWarpRowsPerBlock : TPR)
+__global__ void __launch_bounds__(TPR == kWarp ? kWarp * kMaxWarpRowsPerBlock : TPR)
     row_norm_kernel(const RowNormArgs a) {
-  constexpr int kRowsPerBlock = TPR == kWarp ? kWarpRowsPerBlock : 1;
+  // Warp per row: as many rows per block as the launch has warps (a tuning choice).
+  const int rows_per_block = TPR == kWarp ? int(blockDim.x) / kWarp : 1;
   const int tid = TPR == kWarp ? int(threadIdx.x & (kWarp - 1)) : int(threadIdx.x);
-  const int64_t item = int64_t(blockIdx.x) * kRowsPerBlock + (TPR == kWarp ? threadIdx.x / kWarp : 0);
+  const int64_t item = int64_t(blockIdx.x) * rows_per_block + (TPR == kWarp ? threadIdx.x / kWarp : 0);
   if (item >= a.rows) return;  // uniform per row: a whole warp (or block) leaves together
   const int D = a.D;
   const float* x;
@@ -323,8 +326,9 @@ template <class OutT, int VEC, int NV, int TPR, Mode M>
 void launch_rows(const RowNormArgs& a, cudaStream_t s) {
   static_assert(NV * VEC <= kMaxRowFloatsPerThread, "row slice would not fit the register budget");
   if constexpr (TPR == kWarp) {
-    const int64_t blocks = (a.rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock;
-    row_norm_kernel<OutT, VEC, NV, TPR, M><<<grid_for(blocks), kWarp * kWarpRowsPerBlock, 0, s>>>(a);
+    const int rpb = a.rows_per_block > 0 ? a.rows_per_block : kWarpRowsPerBlock;
+    const int64_t blocks = (a.rows + rpb - 1) / rpb;
+    row_norm_kernel<OutT, VEC, NV, TPR, M><<<grid_for(blocks), kWarp * rpb, 0, s>>>(a);
   } else {
     row_norm_kernel<OutT, VEC, NV, TPR, M><<<grid_for(a.rows), TPR, 0, s>>>(a);
   }
@@ -483,8 +487,12 @@ const char* row_norm_variant(int D) {
 }
 
 void layer_norm(const float* x, void* out, DType out_type, const float* w, const float* b,
-                int64_t rows, int D, float eps, cudaStream_t stream) {
+                int64_t rows, int D, float eps, cudaStream_t stream, int rows_per_block) {
+  if (rows_per_block != 0 && (rows_per_block < 1 || rows_per_block > kMaxWarpRowsPerBlock))
+    throw CudaError("layer_norm: rows_per_block " + std::to_string(rows_per_block) + " outside 1.." +
+                    std::to_string(kMaxWarpRowsPerBlock));
   RowNormArgs a;
+  a.rows_per_block = rows_per_block;
   a.x = x;
   a.out = out;
   a.w = w;

@@ -38,8 +38,10 @@ const char* row_norm_variant(int D);
 
 // out[r, :] = LN(x[r, :]; w, b) for r < rows; out holds `out_type` elements (f16 or f32).
 // x and out rows are contiguous (stride D); w, b are fp32 [D].
+// rows_per_block: for the warp-per-row variant, rows (warps) per block, 1..8 (0: the default 4);
+// a tuning choice, ignored by the block variants.
 void layer_norm(const float* x, void* out, DType out_type, const float* w, const float* b,
-                int64_t rows, int D, float eps, cudaStream_t stream);
+                int64_t rows, int D, float eps, cudaStream_t stream, int rows_per_block = 0);
 
 // y[r, :] = LN(x[r, :]; w, b) when row r (position r % S of sequence r / S) is valid, i.e.
 // r % S < lengths[r / S]; zeros otherwise (padded rows are not read). lengths null: all valid.

@@ -9,11 +9,12 @@
 #   bench_hk.json    Google Benchmark JSON of hk's forward per case: untuned and tuned (random lengths)
 #   bench_full.json  the same, tuned, every sequence at full length (phase bench_full)
 #   bench_nopack.json  tuned with HK_PACK=0: the dense plans, for the padding-free gain (phase bench_nopack)
+#   e2e.txt          case 6 file in, file out: hk_forward vs hk_io_baseline (read + write only), PASS/FAIL vs 1.3x
 #   peers.json       PyTorch peers (eager fp32, compiled) per case
 #   regress/         perf/regress run JSON (device identity, build, date) + the per-case plot
 #   summary.md       the tables for perf/RESULTS.md
 # Usage: perf/device/run.sh [phase ...]   phases: env tests sanitize accuracy bench bench_full
-#        bench_nopack peers regress summary (default: all, always run in this order).
+#        bench_nopack e2e peers regress summary (default: all, always run in this order).
 #        Needs stage/hk-stage.tar.xz from perf/device/stage.sh (carry 'stage').
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -23,7 +24,7 @@ OUT=/tmp/hk-results  # everything lands here first; packed into $FINAL/results.t
 mkdir -p "$OUT"
 pkg=/tmp/hk-pkg
 phases=("$@")
-[ ${#phases[@]} -eq 0 ] && phases=(env tests sanitize accuracy bench bench_full bench_nopack peers regress summary)
+[ ${#phases[@]} -eq 0 ] && phases=(env tests sanitize accuracy bench bench_full bench_nopack e2e peers regress summary)
 want() { local p; for p in "${phases[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 t0=$(date +%s)
 # Packs what is there so far, so a run stopped at its time limit still returns its results.
@@ -191,6 +192,90 @@ if want bench_nopack; then
   (cd "$share" && HK_PACK=0 hk_bench_cuda --tune on --tune-cache "$work/tune-nopack" \
      --benchmark_format=console --benchmark_out="$OUT/bench_nopack.json" --benchmark_out_format=json \
      ${HK_BENCH_NOPACK_ARGS:-}) 2>&1 | tail -20
+fi
+
+if want e2e; then
+  stamp "e2e"
+  # Case 6 end to end (file in, file out) against only reading the input and writing an output of
+  # the same shape through hk's HDF5 layer (hk_io_baseline: y = x, no compute), in the same chunks
+  # (the chunk hk_forward's warm-up reports). Target: hk_forward within 1.3x of the baseline, both
+  # as process wall times (CUDA start-up, the forked validation and the model count: the user
+  # waits for them). One warm-up each (input in the page cache, tune cache filled), then
+  # alternating runs, medians. Each run removes its output. Without a GPU, a dry run of the
+  # plumbing: HK_E2E_BACKEND=kokkos HK_E2E_CASE_ARGS='--batch 64'.
+  e2e_backend=${HK_E2E_BACKEND:-cuda}
+  e2e_runs=${HK_E2E_RUNS:-3}
+  e2e_in=$work/case6.h5
+  e2e_out=$work/case6-out.h5
+  e2e_txt=$OUT/e2e.txt
+  e2e_fail=0
+  export HK_TUNE_CACHE=$work/tune-e2e
+  ms_now() { echo $(( $(date +%s%N) / 1000000 )); }
+  # Runs "$@" (output to $work/e2e-run.log), appends that output to e2e.txt, sets e2e_ms.
+  e2e_time() {
+    local s rc
+    s=$(ms_now)
+    timeout 200 "$@" > "$work/e2e-run.log" 2>&1
+    rc=$?
+    e2e_ms=$(( $(ms_now) - s ))
+    sed 's/^/    /' "$work/e2e-run.log" >> "$e2e_txt"
+    rm -f "$e2e_out"
+    if [ $rc -ne 0 ]; then
+      echo "  FAILED rc=$rc: $*" >> "$e2e_txt"
+      e2e_fail=$rc
+    fi
+    return $rc
+  }
+  median() { printf '%s\n' "$@" | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+  {
+    echo "e2e: case 6, hk_forward --backend $e2e_backend vs hk_io_baseline; target ratio <= 1.3"
+    echo "work dir: $(df -hT "$work" | awk 'NR==2 {print $1, $2, $5 " free"}')"
+  } > "$e2e_txt"
+  rm -f "$e2e_in" "$e2e_out"
+  e2e_time hk_generate --cases "$share/cases.csv" --case 6 ${HK_E2E_CASE_ARGS:-} --output "$e2e_in"
+  echo "generate: ${e2e_ms} ms, $(stat -c %s "$e2e_in" 2>/dev/null || echo 0) bytes" >> "$e2e_txt"
+  stamp "  generated case 6 in ${e2e_ms} ms"
+  fwd=(hk_forward --backend "$e2e_backend" --input "$e2e_in" --output "$e2e_out" --stats)
+  e2e_chunk=""
+  if [ $e2e_fail -eq 0 ]; then
+    echo "warm-up hk_forward:" >> "$e2e_txt"
+    e2e_time "${fwd[@]}"
+    echo "  ${e2e_ms} ms" >> "$e2e_txt"
+    e2e_chunk=$(grep -o ' chunk=[0-9]*' "$work/e2e-run.log" | head -1 | cut -d= -f2)
+    base=(hk_io_baseline --input "$e2e_in" --output "$e2e_out" ${e2e_chunk:+--chunk "$e2e_chunk"})
+    echo "warm-up hk_io_baseline (chunk ${e2e_chunk:-whole batch}):" >> "$e2e_txt"
+    e2e_time "${base[@]}"
+    echo "  ${e2e_ms} ms" >> "$e2e_txt"
+  fi
+  base_ms=() fwd_ms=()
+  for (( i = 1; i <= e2e_runs && e2e_fail == 0; i++ )); do
+    echo "run $i hk_io_baseline:" >> "$e2e_txt"
+    e2e_time "${base[@]}" && base_ms+=("$e2e_ms") && echo "  ${e2e_ms} ms" >> "$e2e_txt"
+    echo "run $i hk_forward:" >> "$e2e_txt"
+    e2e_time "${fwd[@]}" && fwd_ms+=("$e2e_ms") && echo "  ${e2e_ms} ms" >> "$e2e_txt"
+  done
+  rm -f "$e2e_in" "$e2e_out"
+  if [ $e2e_fail -eq 0 ] && [ ${#base_ms[@]} -gt 0 ] && [ ${#fwd_ms[@]} -gt 0 ]; then
+    mb=$(median "${base_ms[@]}")
+    mf=$(median "${fwd_ms[@]}")
+    {
+      echo "hk_io_baseline ms: ${base_ms[*]}  median $mb"
+      echo "hk_forward     ms: ${fwd_ms[*]}  median $mf"
+      awk -v f="$mf" -v b="$mb" 'BEGIN {
+        r = b > 0 ? f / b : 1e9
+        printf "ratio hk_forward / hk_io_baseline = %.3f (target <= 1.3)\n", r
+        printf "%s e2e: case 6 end to end %.3f s vs I/O only %.3f s\n", (r <= 1.3 ? "PASS" : "FAIL"), f / 1000, b / 1000
+      }'
+    } >> "$e2e_txt"
+    grep -q '^PASS' "$e2e_txt"
+    status[e2e-target]=$?
+  else
+    echo "FAIL e2e: a command failed (rc=$e2e_fail), no ratio" >> "$e2e_txt"
+    status[e2e-target]=1
+  fi
+  status[e2e-run]=$e2e_fail
+  unset HK_TUNE_CACHE
+  cat "$e2e_txt"
 fi
 
 if want peers; then

@@ -84,6 +84,9 @@ TEST(CudaOps, LayerNormEveryVariant) {
   int failures = 0;
   for (DType t : {DType::f16, DType::f32}) {
     for (int D : kWidths) {
+     // rows per block of the warp-per-row launch: the default, and the tuner's alternatives
+     for (int rpb : {0, 1, 2, 8}) {
+      if (rpb != 0 && std::string(hk::cuda::row_norm_variant(D)) != "cuda.warp") continue;
       const int64_t rows = D > 4096 ? 5 : 67;
       const RowData d = row_data(rows, D, uint64_t(D) * 31 + int(t));
       DevBuf x(d.x.size() * 4), w(size_t(D) * 4), b(size_t(D) * 4);
@@ -92,7 +95,8 @@ TEST(CudaOps, LayerNormEveryVariant) {
       x.upload(d.x);
       w.upload(d.w);
       b.upload(d.b);
-      hk::cuda::layer_norm(x.get<float>(), out.get(), t, w.get<float>(), b.get<float>(), rows, D, 1e-5f, nullptr);
+      hk::cuda::layer_norm(x.get<float>(), out.get(), t, w.get<float>(), b.get<float>(), rows, D, 1e-5f, nullptr,
+                           rpb);
       HK_TEST_CUDA(cudaDeviceSynchronize());
       const auto got = out.download<unsigned char>(out.bytes());
       const auto ref = ln_ref(d.x, rows, D, d.w, d.b, 1e-5);
@@ -106,7 +110,9 @@ TEST(CudaOps, LayerNormEveryVariant) {
       const bool ok = worst <= 1 && guard_ok;
       failures += !ok;
       std::printf("%-12s %7d %6lld %-16s %12.3g %s%s\n", (std::string("ln.") + dname(t)).c_str(), D, (long long)rows,
-                  hk::cuda::row_norm_variant(D), worst, ok ? "ok" : "FAIL", guard_ok ? "" : " (guard written)");
+                  (std::string(hk::cuda::row_norm_variant(D)) + (rpb ? ".r" + std::to_string(rpb) : "")).c_str(),
+                  worst, ok ? "ok" : "FAIL", guard_ok ? "" : " (guard written)");
+     }
     }
   }
   EXPECT_EQ(failures, 0);
