@@ -131,11 +131,15 @@ size_t cache_bytes_for(double cap) {
   return size_t(std::clamp(cap / 16.0, 1024.0 * 1024.0, double(hk::io::kDefaultChunkCacheBytes)));
 }
 
+// The x bytes per chunk the CUDA path aims at (see size_chunks).
+constexpr double kStreamChunkBytes = 64.0 * 1024 * 1024;
+
 // Sequences per chunk. Host memory (kokkos: everything; cuda: the page-locked buffers and the
 // engine's staging): the pipeline's four chunk buffers, the engine's activations and the two
 // HDF5 chunk caches stay within the cap. Device memory (cuda): the activation arena within what
-// cudaMemGetInfo reports free, shared by the ranks on one GPU, less the weights and a reserve;
-// rounded down to a power of two so that small changes in free memory keep the same chunk.
+// cudaMemGetInfo reports free, shared by the ranks on one GPU, less the weights and a reserve,
+// and about 64 MiB of x per chunk; rounded down to a power of two so that small changes in free
+// memory keep the same chunk.
 ChunkSizing size_chunks(const hk::ModelConfig& c, int S, int64_t B, bool x_half, hk::Precision p,
                         const std::string& backend, double mem_cap, const hk::app::DeviceMemory& dev,
                         int ranks_per_device) {
@@ -169,6 +173,11 @@ ChunkSizing size_chunks(const hk::ModelConfig& c, int S, int64_t B, bool x_half,
     const double free = dev.known ? double(dev.free) / std::max(1, ranks_per_device) : 0.0;
     const double budget = dev.known ? 0.8 * (free - weights - kDeviceReserveBytes) : 256.0 * (1 << 20);
     int64_t n = int64_t(std::max(1.0, std::floor(budget / dev_per_seq)));
+    // Streaming granularity: about 64 MiB of x per chunk, so that reading chunk k+1, the forward
+    // of chunk k and writing chunk k-1 overlap (one chunk of a whole large batch would serialise
+    // them), and so that the chunk grid does not depend on the free memory or the rank count
+    // (a sequence is computed in the same chunk shape on any GPU and any number of ranks).
+    n = std::min<int64_t>(n, std::max<int64_t>(1, int64_t(kStreamChunkBytes / (4.0 * S * D))));
     int64_t pow2 = 1;
     while (pow2 * 2 <= n) pow2 *= 2;
     chunk = std::min(chunk, pow2);
