@@ -14,7 +14,8 @@
 #   regress/         perf/regress run JSON (device identity, build, date) + the per-case plot
 #   summary.md       the tables for perf/RESULTS.md
 # Usage: perf/device/run.sh [phase ...]   phases: env tests sanitize accuracy bench bench_full
-#        bench_nopack e2e peers regress summary (default: all, always run in this order).
+#        bench_nopack e2e profile peers regress summary (default: all but profile; always run
+#        in this order). profile: ncu per-kernel tables (perf/device/profile.sh; HK_PROFILE_CASES).
 #        Needs stage/hk-stage.tar.xz from perf/device/stage.sh (carry 'stage').
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -276,6 +277,15 @@ if want e2e; then
   status[e2e-run]=$e2e_fail
   unset HK_TUNE_CACHE
   cat "$e2e_txt"
+fi
+
+if want profile && [ -x "$share/profile.sh" ]; then
+  stamp "profile"
+  # Not in the default list: ncu per-kernel table of the tuned forward (roofline account).
+  # shellcheck disable=SC2086
+  "$share/profile.sh" "$pkg/bin" "$share/cases.csv" "$work/prof" "$OUT/profile.md" ${HK_PROFILE_CASES:-2 6} 2>&1 | tail -5
+  status[profile]=${PIPESTATUS[0]}
+  tail -40 "$OUT/profile.md"
 fi
 
 if want peers; then

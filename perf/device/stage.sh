@@ -27,6 +27,7 @@ done | sort -u | grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libs
   while IFS= read -r lib; do cp -L "$lib" "$stage/pkg/lib/"; done
 cp apps/hk_reference.py perf/peers.py perf/device/summarize.py "$stage/pkg/share/" 2>/dev/null || true
 [ -f perf/device/sanitize.sh ] && cp perf/device/sanitize.sh "$stage/pkg/share/"
+[ -f perf/device/profile.sh ] && cp perf/device/profile.sh "$stage/pkg/share/"
 mkdir -p "$stage/pkg/share/regress" && cp perf/regress/*.py "$stage/pkg/share/regress/"
 cp ../shared/spec/cases.csv "$stage/pkg/share/cases.csv"
 # The commit the stage was built from (run.sh records it with the regression run).
