@@ -109,10 +109,17 @@ Handle file_creation_access() {
   return fapl;
 }
 
+Handle file_creation_props() {
+  Handle fcpl = plist_handle(H5Pcreate(H5P_FILE_CREATE));
+  H5Pset_obj_track_times(fcpl.get(), 0);
+  return fcpl;
+}
+
 Handle create_file(const std::string& path) {
   init();
   Handle fapl = file_creation_access();
-  const hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get());
+  Handle fcpl = file_creation_props();
+  const hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get());
   if (id < 0) {
     const int err = errno;
     fail_h5(path, "/", std::string("cannot create the file (") + std::strerror(err) + ")");

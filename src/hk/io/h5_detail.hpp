@@ -80,6 +80,9 @@ Handle plist_handle(hid_t id);
 Handle open_file(const std::string& path, bool writable = false);
 // File access list for files hk writes (object format of HDF5 1.8).
 Handle file_creation_access();
+// File creation properties: the root group without timestamps (as every object hk creates), so
+// the same content gives the same bytes whatever the clock.
+Handle file_creation_props();
 // Creates (truncates) a file.
 Handle create_file(const std::string& path);
 

@@ -61,7 +61,7 @@ void OutputFile::create() {
   Impl& m = *impl_;
   const std::string& path = m.path;
   Handle fapl = file_creation_access();
-  const hid_t f = H5Fcreate(m.temp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get());
+  const hid_t f = H5Fcreate(m.temp.c_str(), H5F_ACC_TRUNC, file_creation_props().get(), fapl.get());
   if (f < 0) {
     const int err = errno;
     fail_h5(path, "/", "cannot create the temporary output file " + m.temp + " (" + std::strerror(err) + ")");

@@ -81,7 +81,7 @@ ParallelOutputFile::ParallelOutputFile(const std::string& path, int64_t B, int S
     if (H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL) < 0)
       fail_h5(path, "/", "cannot select the MPI-IO file driver");
     errno = 0;
-    const hid_t f = H5Fcreate(m.temp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get());
+    const hid_t f = H5Fcreate(m.temp.c_str(), H5F_ACC_TRUNC, file_creation_props().get(), fapl.get());
     const int err = errno;
     if (!all_ok(f >= 0, comm)) {
       if (f >= 0) H5Fclose(f);  // collective: every rank that opened it closes it
