@@ -1,8 +1,9 @@
 // hk_forward: the transformer forward pass of MODEL.md on an HDF5 input (FORMAT.md), written
-// to an HDF5 output. Everything is validated before any compute; the input streams through in
-// batch chunks (a reader thread, the compute and a writer thread overlap: pipeline.hpp) with
-// bounded memory; under mpirun / srun (an MPI build) the ranks share the chunks and write one
-// file through parallel HDF5. The output appears atomically only when the whole run succeeded.
+// to an HDF5 output. Everything is validated before it is computed on; the input streams
+// through in batch chunks (a reader thread, the compute and a writer thread overlap:
+// pipeline.hpp) with bounded memory; under mpirun / srun (an MPI build) the ranks share the
+// chunks and write one file through parallel HDF5. The output appears atomically only when
+// the whole run succeeded.
 //
 // Exit status: 0 success, 1 bad file / bad arguments / runtime failure (one line on stderr),
 // 2 command-line usage error, 130 interrupted.
@@ -62,6 +63,8 @@ struct Options {
 // free memory, so that the default chunk grid (and so the bits of every result) is the same on
 // every machine and for every rank count.
 constexpr double kDefaultHostCapBytes = 1024.0 * (1 << 20);
+// Memory of the validation child (x buffer, float16 staging, HDF5 chunk cache) without --mem-cap.
+constexpr size_t kChildBufferBytes = size_t(64) << 20;
 // Device memory left to the CUDA runtime, cuBLASLt / cuDNN workspaces and graphs.
 constexpr double kDeviceReserveBytes = 1024.0 * (1 << 20);
 
@@ -318,12 +321,16 @@ int run(const Options& o, int* argc, char*** argv) {
   std::string input = o.input, model_path, output = o.output.empty() ? "hk_out.h5" : o.output;
   double mem_cap = 0;
 
-  // ---- reliability: validate in a forked child first, so that a crash inside libhdf5 on a
-  // crafted file becomes a clean error here (validate_child.hpp). No thread exists yet, and MPI
-  // is not initialised: its runtime starts threads, and fork after MPI_Init is unsafe. The
-  // ranks of a job (as the launcher numbers them) split the reading of x.
+  // ---- reliability: validate in a forked child, so that a crash inside libhdf5 on a crafted
+  // file becomes a clean error here (validate_child.hpp). It is forked now: no thread exists
+  // yet, and MPI is not initialised (its runtime starts threads, and fork after MPI_Init is
+  // unsafe). This process opens a file only after the child survived opening it, and reads a
+  // chunk of x only after the child survived reading it; the child runs ahead of the pipeline.
+  // The ranks of a job (as the launcher numbers them) split the reading of x.
   std::string setup_error;
   const hk::app::LaunchInfo launch = hk::app::launch_info();
+  std::unique_ptr<hk::app::ValidationChild> child;
+  const auto interrupted = [] { return g_interrupted != 0; };
   try {
     if (input.empty()) input = hk::app::find_data_file("sample.h5");
     model_path = o.model.empty() ? input : o.model;
@@ -331,14 +338,15 @@ int run(const Options& o, int* argc, char*** argv) {
     if (hk::app::same_file(output, input) || hk::app::same_file(output, model_path))
       throw hk::Error(output + ": /: expected an output path other than the input and model files, found the same file");
     if (!o.no_fork_validate) {
-      const bool split = launch.rank >= 0 && launch.size > 0;
-      hk::app::validate_in_child(model_path, input, o.validate_timeout, split ? launch.rank : 0,
-                                 split ? launch.size : 1, mem_cap > 0 ? size_t(mem_cap) : size_t(256) << 20);
+      // The child's memory adds to this process's while both run: an eighth of the cap.
+      const size_t child_bytes = mem_cap > 0 ? size_t(mem_cap / 8) : kChildBufferBytes;
+      child = std::make_unique<hk::app::ValidationChild>(model_path, input, o.validate_timeout, launch.size > 1,
+                                                         child_bytes);
+      child->wait_header(interrupted);  // the model and the input's shapes and lengths
     }
   } catch (const hk::Error& e) {
     setup_error = e.what();
   }
-  // ---- end of the child validation
 
   hk::app::Job job(argc, argv);
   auto agree = [&](const std::string& err) {
@@ -397,6 +405,7 @@ int run(const Options& o, int* argc, char*** argv) {
   const int64_t B = in->batch();
   const int S = in->seq_len(), D = in->d_model();
   const hk::app::ChunkGrid grid{B, chunk, job.rank(), job.size()};
+  if (child) child->start(chunk, job.rank(), job.size());  // a rank's child reads that rank's chunks of x
 
   std::unique_ptr<hk::Engine> engine;
   try {
@@ -413,6 +422,16 @@ int run(const Options& o, int* argc, char*** argv) {
     setup_error = e.what();
   }
   agree(setup_error);
+
+  // --explain validates the files whole, as a run would, before printing the plan.
+  if (o.explain && child) {
+    try {
+      child->finish(interrupted);
+    } catch (const hk::Error& e) {
+      setup_error = e.what();
+    }
+    agree(setup_error);
+  }
 
   const int64_t n_chunks = grid.chunks();
   if (o.explain) {
@@ -439,6 +458,25 @@ int run(const Options& o, int* argc, char*** argv) {
     job.abort(kProgram, g_interrupted ? "interrupted; no output written" : what, g_interrupted ? 130 : 1);
   };
   hk::app::PipelineStats st;
+  std::atomic<int64_t> rows_read{0};  // the end of the furthest chunk the reader started reading
+  // The child's share of the run, for --stats: its own time, the time this process was blocked
+  // on it, and how far it had validated (rows of this rank's chunks).
+  const auto validation_stats = [&] {
+    char buf[160];
+    const int64_t v = child ? std::min(child->rows_validated(), B) : B;
+    std::snprintf(buf, sizeof buf, " validate_s=%.3f validate_wait_s=%.3f rows_validated=%lld rows_read=%lld",
+                  child ? child->child_seconds() : 0.0, child ? child->blocked_seconds() : 0.0, (long long)v,
+                  (long long)rows_read.load());
+    return std::string(buf);
+  };
+  // A failed run's --stats line: how far each side got (single process; a failing rank of a job
+  // ends the job from inside the pipeline).
+  const auto print_failure_stats = [&] {
+    if (!o.stats) return;
+    std::printf("%s: stats: rank=%d ranks=%d chunk=%lld chunks=%lld failed=1%s\n", kProgram, job.rank(), job.size(),
+                (long long)chunk, (long long)n_chunks, validation_stats().c_str());
+    std::fflush(stdout);
+  };
   Progress progress(job.rank() == 0 && n_chunks > 1 && (o.progress || (!o.quiet && ::isatty(STDERR_FILENO))), B * S);
   const auto t_loop = clock::now();
   try {
@@ -460,7 +498,11 @@ int run(const Options& o, int* argc, char*** argv) {
       return t;
     }() * S);
     hk::app::PipelineStages stages;
-    stages.read = [&](int64_t b0, int64_t nb, float* x, int32_t* lengths) { in->read(b0, nb, x, lengths); };
+    stages.read = [&](int64_t b0, int64_t nb, float* x, int32_t* lengths) {
+      if (child) child->wait_rows(b0 + nb, interrupted);  // never touch rows the child has not survived
+      rows_read.store(std::max<int64_t>(rows_read.load(), b0 + nb));
+      in->read(b0, nb, x, lengths);
+    };
     stages.compute = [&](int64_t b0, int64_t nb, const float* x, const int32_t* lengths, float* y) {
       engine->forward(x, has_lengths ? lengths : nullptr, int(nb), y);
       // MODEL.md: a finite input never yields NaN/Inf. Refuse to write one rather than pass it on.
@@ -478,12 +520,15 @@ int run(const Options& o, int* argc, char*** argv) {
     stages.interrupted = [] { return g_interrupted != 0; };
     if (job.mpi()) stages.fatal = fatal;
     st = hk::app::run_pipeline(grid, S, D, pinned, stages);
+    if (child) child->finish(interrupted);  // the child's last word comes before the output is final
     out->commit();
   } catch (const std::bad_alloc&) {
     if (job.mpi()) fatal("out of memory (a smaller --batch-chunk or --mem-cap needs less)");
+    print_failure_stats();
     throw;
   } catch (const std::exception& e) {
     if (job.mpi()) fatal(e.what());
+    print_failure_stats();
     throw;
   }
   progress.finish();
@@ -501,10 +546,10 @@ int run(const Options& o, int* argc, char*** argv) {
   }
   if (o.stats) {
     std::printf("%s: stats: rank=%d ranks=%d chunk=%lld chunks=%lld local_chunks=%lld mem_cap=%lld "
-                "peak_rss_kib=%lld read_s=%.3f compute_s=%.3f write_s=%.3f wall_s=%.3f\n",
+                "peak_rss_kib=%lld read_s=%.3f compute_s=%.3f write_s=%.3f wall_s=%.3f%s\n",
                 kProgram, job.rank(), job.size(), (long long)chunk, (long long)n_chunks,
                 (long long)grid.local_chunks(), (long long)mem_cap, (long long)peak_rss_kib(), st.read_s, st.compute_s,
-                st.write_s, total_s);
+                st.write_s, total_s, validation_stats().c_str());
   }
   std::fflush(stdout);
   return 0;
@@ -539,7 +584,8 @@ int main(int argc, char** argv) {
                  "engine's activations, HDF5 chunk caches; the chunk is sized to fit (per rank)");
   app.add_flag("--stats", o.stats,
                "print a line of statistics per rank on stdout: chunking, peak resident memory (VmHWM), busy "
-               "time of read, compute and write");
+               "time of read, compute and write, the validation child's time and the time spent waiting for "
+               "it (a failed single-process run prints how far the child and the reader got)");
   app.add_flag("--quiet", o.quiet, "no summary line (errors are still printed)");
   app.add_flag("--progress", o.progress, "show the progress bar even when stderr is not a terminal");
   app.add_flag("--explain", o.explain,
@@ -547,8 +593,9 @@ int main(int argc, char** argv) {
                "engine (HK_TUNE) first measures its route decisions on a synthetic batch and prints each "
                "candidate's time");
   app.add_flag("--no-fork-validate", o.no_fork_validate,
-               "skip validating the files in a forked child first (that child turns a crash of the HDF5 "
-               "library on a damaged file into a clean error, at the cost of reading the input twice)");
+               "skip validating the files in a forked child (that child, running just ahead of the reading, "
+               "turns a crash of the HDF5 library on a damaged file into a clean error, at the cost of a "
+               "second read of the input)");
   app.add_option("--validate-timeout", o.validate_timeout,
                  "seconds without progress after which the validation child counts as hung inside the HDF5 "
                  "library (a clean error; 0: wait forever)")

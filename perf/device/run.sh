@@ -10,12 +10,15 @@
 #   bench_full.json  the same, tuned, every sequence at full length (phase bench_full)
 #   bench_nopack.json  tuned with HK_PACK=0: the dense plans, for the padding-free gain (phase bench_nopack)
 #   e2e.txt          case 6 file in, file out: hk_forward vs hk_io_baseline (read + write only), PASS/FAIL vs 1.3x
+#   multigpu.txt     phase multigpu: scaling over the GPUs under mpirun, bit identity (multi_gpu.sh)
 #   peers.json       PyTorch peers (eager fp32, compiled) per case
 #   regress/         perf/regress run JSON (device identity, build, date) + the per-case plot
 #   summary.md       the tables for perf/RESULTS.md
 # Usage: perf/device/run.sh [phase ...]   phases: env tests sanitize accuracy bench bench_full
 #        bench_nopack e2e profile peers regress summary (default: all but profile; always run
 #        in this order). profile: ncu per-kernel tables (perf/device/profile.sh; HK_PROFILE_CASES).
+#        multigpu (not in the default list; runs after profile): a stage with HK_DEVICE_MPI=ON,
+#        perf/device/multi_gpu.sh (HK_MGPU_* knobs).
 #        Needs stage/hk-stage.tar.xz from perf/device/stage.sh (carry 'stage').
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -286,6 +289,13 @@ if want profile && [ -x "$share/profile.sh" ]; then
   "$share/profile.sh" "$pkg/bin" "$share/cases.csv" "$work/prof" "$OUT/profile.md" ${HK_PROFILE_CASES:-2 6} 2>&1 | tail -5
   status[profile]=${PIPESTATUS[0]}
   tail -40 "$OUT/profile.md"
+fi
+
+if want multigpu; then
+  stamp "multigpu (multi_gpu.sh)"
+  HK_PKG=$pkg OUT=$OUT "$root/perf/device/multi_gpu.sh" 2>&1 | tail -40
+  status[multigpu]=${PIPESTATUS[0]}
+  cp "$OUT/multigpu.txt" "$FINAL/" 2>/dev/null
 fi
 
 if want peers; then

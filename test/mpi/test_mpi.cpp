@@ -142,9 +142,9 @@ TEST_F(MpiOnly, UnwritableOutputFailsTheJobCleanly) {
 }
 
 // A NaN in a chunk of rank 1 only (chunk 1 of 1-sequence chunks). With the forked validation,
-// rank 1's child finds it before anything is created: one clean error line from rank 1. Without
-// it, rank 1 meets it mid-run while rank 0 writes: it prints its error and aborts the job; a
-// previous file under the final name is untouched and no temporary file is left.
+// rank 1's child (running just ahead of rank 1's reader) reports it mid-run; without it, rank 1's
+// reader meets it itself. Either way rank 1 prints one clean error line and aborts the job while
+// rank 0 writes; a previous file under the final name is untouched and no temporary file is left.
 TEST_F(MpiOnly, FailingRankFailsTheJobAndLeavesNoOutput) {
   ScratchDir dir;
   write_case(dir.path("in.h5"), 8, 8);

@@ -278,6 +278,107 @@ TEST(Faults, Libhdf5HangFileFromFuzzer) {
   EXPECT_EQ(dir.entries(), std::vector<std::string>{"err"}) << "an output was created";
 }
 
+// The value of `key=` in a --stats line, or -1.
+double stat_value(const std::string& text, const std::string& key) {
+  const size_t p = text.find(" " + key + "=");
+  return p == std::string::npos ? -1.0 : std::atof(text.c_str() + p + key.size() + 2);
+}
+
+// The forked validation runs ahead of the pipeline instead of before it, and stays a gate: the
+// reader never reads a chunk the child has not survived reading.
+// 1. A NaN in a late chunk (small chunks, small child blocks): the child's clean error ends the
+//    run, nothing is written, and the reader had read only rows the child had validated, none
+//    of the bad chunk (--stats prints how far each side got when the run fails).
+// 2. The child is let run in 1 ms steps (SIGSTOP / SIGCONT) until hk_forward has created its
+//    temporary output: the pipeline started while x was only partly validated (the overlap).
+//    The child is then killed mid-x, as a crash inside libhdf5 would: one clean error line,
+//    exit 1, the temporary output removed, and the reader stopped behind the child.
+TEST(Faults, ValidationRunsAheadOfTheReader) {
+  ScratchDir dir;
+  const int B = 4000, S = 64, bad = 3900;
+  write_case(dir.path("in.h5"), B, S);
+  poke_float(dir.path("in.h5"), "/input/x", (int64_t(bad) * S + 5) * 32 + 7, std::numeric_limits<float>::quiet_NaN());
+  // --mem-cap 16M: the child gets 2 MiB, blocks of about 85 sequences.
+  const std::vector<std::string> common = {"--input", dir.path("in.h5"), "--backend", "kokkos", "--precision", "fp32",
+                                           "--batch-chunk", "16", "--mem-cap", "16M", "--stats", "--quiet"};
+  {
+    std::vector<std::string> args = common;
+    args.insert(args.end(), {"--output", dir.path("y.h5")});
+    const std::string out_path = dir.path("stdout");
+    std::vector<std::string> full = {g_forward};
+    full.insert(full.end(), args.begin(), args.end());
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      const int e = ::open(dir.path("err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
+      const int o = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
+      if (e < 0 || o < 0) ::_exit(126);
+      ::dup2(o, 1);
+      ::dup2(e, 2);
+      std::vector<char*> argv;
+      for (const std::string& a : full) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    const Result r = wait_for(pid, dir.path("err"));
+    const std::string stats = read_bytes(out_path);
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_EQ(line_count(r.err), 1) << r.err;
+    EXPECT_EQ(r.err.rfind("hk_forward: error: " + dir.path("in.h5") + ": /input/x: expected finite values, found NaN at [" +
+                              std::to_string(bad) + ", 5, 7]",
+                          0),
+              0u)
+        << r.err;
+    ASSERT_NE(stats.find("failed=1"), std::string::npos) << stats;
+    const double read = stat_value(stats, "rows_read"), validated = stat_value(stats, "rows_validated");
+    EXPECT_GE(read, 0) << stats;
+    EXPECT_LE(read, validated) << "the reader read rows the child had not validated: " << stats;
+    EXPECT_LE(read, bad / 16 * 16) << "the reader reached the bad chunk: " << stats;
+    std::filesystem::remove(out_path);
+    std::filesystem::remove(dir.path("err"));
+    EXPECT_EQ(dir.entries(), std::vector<std::string>{"in.h5"}) << "an output was left";
+  }
+  // 2. Without the NaN.
+  poke_float(dir.path("in.h5"), "/input/x", (int64_t(bad) * S + 5) * 32 + 7, 0.5f);
+  std::vector<std::string> args = common;
+  args.insert(args.end(), {"--output", dir.path("y.h5"), "--validate-timeout", "0"});
+  const pid_t pid = spawn(args, dir.path("err"));
+  const std::string temp = dir.path("y.h5") + ".tmp." + std::to_string(pid);
+  pid_t child = -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((child = child_of(pid)) < 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  if (child < 0) ::kill(pid, SIGKILL);
+  ASSERT_GT(child, 0) << "hk_forward forked no validation child";
+  ::kill(child, SIGSTOP);
+  bool seen = false;
+  while (!seen && std::chrono::steady_clock::now() < deadline) {
+    ::kill(child, SIGCONT);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ::kill(child, SIGSTOP);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the parent catches up with the child
+    std::error_code ec;
+    seen = std::filesystem::exists(temp, ec);
+    // A child that ended (a zombie, or reaped) validated everything before the pipeline started.
+    const std::string st = read_bytes("/proc/" + std::to_string(child) + "/stat");
+    const size_t rp = st.rfind(')');
+    if (rp == std::string::npos || st.compare(rp + 2, 1, "Z") == 0) break;
+  }
+  if (!seen) {
+    ::kill(pid, SIGKILL);
+    wait_for(pid, dir.path("err"));
+    FAIL() << "the pipeline did not start while the child was still validating x";
+  }
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  const Result r = wait_for(pid, dir.path("err"));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_EQ(r.err, "hk_forward: error: " + dir.path("in.h5") + ": the HDF5 library crashed while reading it (signal " +
+                       std::to_string(SIGKILL) + ")\n");
+  auto entries = dir.entries();
+  std::sort(entries.begin(), entries.end());
+  EXPECT_EQ(entries, (std::vector<std::string>{"err", "in.h5"})) << "an output was left";
+}
+
 // Same input, same backend, same precision: byte-identical /output/y run to run.
 TEST(Determinism, KokkosRunToRun) {
   ScratchDir dir;
