@@ -351,16 +351,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) model_persistent_kernel(
     float acc[NT][4];
     if (active) {
       // x -> residual (rows >= len: zeros, never read: y may alias x), then LN1 of layer 0.
+      // The residual is held relative to its row's first element c = x[r][0]: every mma k step
+      // adds into it and rounds to its ulp, which is then the ulp of the row's spread, not of
+      // its magnitude (|x| ~ 1e4 would lose ~1e-3 per step). Only LayerNorms read the residual
+      // (shift-invariant) and x is never stored, so c is never added back.
       const float* xs = a.x + seq_base;
+      const float c0 = r0 < len ? xs[int64_t(r0) * D] : 0.f;
+      const float c1 = r1 < len ? xs[int64_t(r1) * D] : 0.f;
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const int col = 8 * j + 2 * t;
         const float2 x0 = r0 < len ? *reinterpret_cast<const float2*>(xs + int64_t(r0) * D + col) : make_float2(0.f, 0.f);
         const float2 x1 = r1 < len ? *reinterpret_cast<const float2*>(xs + int64_t(r1) * D + col) : make_float2(0.f, 0.f);
-        acc[j][0] = x0.x;
-        acc[j][1] = x0.y;
-        acc[j][2] = x1.x;
-        acc[j][3] = x1.y;
+        acc[j][0] = x0.x - c0;
+        acc[j][1] = x0.y - c0;
+        acc[j][2] = x1.x - c1;
+        acc[j][3] = x1.y - c1;
       }
       ln_store_f16<NT>(acc, a.eps, ln0, ln0 + D, cH, row8D, t);
     } else if (has_tile) {

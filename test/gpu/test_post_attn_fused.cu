@@ -464,16 +464,19 @@ void refresh_model(Model& m) {
 }
 
 // ---- LayerNorm on hard rows ----------------------------------------------------------------------
-// exact:    Wo = bo = Wf = bf = 0 and o = 0, so x_out == x bit for bit and the next LayerNorm sees
-//           x itself: rows constant (output must be b exactly), 1e4 + U(-1, 1), -2e4 constant and
-//           N(0, 1). y (fp32): |err| <= 2e-5 (1 + |ref|); h_out (fp16): one fp16 rounding + 1e-4.
-//           The unshifted statistics miss the 1e4 rows by ~1e-3 and constant 1e4 rows by ~0.3.
+// exact:    Wo = bo = Wf = bf = 0 and o = 0, so the layer adds nothing: the kernel holds the
+//           residual relative to its row's first element c, so x_out must be fp32((x - c) + c)
+//           bit for bit (x itself wherever x - c is exact: constant and 1e4 +- 1 rows), and the
+//           next LayerNorm sees x: rows constant (output must be b exactly), 1e4 + U(-1, 1),
+//           -2e4 constant and N(0, 1). y (fp32): |err| <= 2e-5 (1 + |ref|); h_out (fp16): one
+//           fp16 rounding + 1e-4. The unshifted statistics miss the 1e4 rows by ~1e-3 and
+//           constant 1e4 rows by ~0.3.
 // ln2:      o = 0, Wo = bo = 0, constant rows c in [9000, 15000) and live FFN weights (layer only):
 //           ln2 of a constant row is exactly fp16(ln2_b), so x_out = c + FFN(fp16(ln2_b)) matches
-//           the reference within 2 ceil(F/16) + 4 fp32 ulps at 1e4 (up to ~1 ulp per mma k step,
-//           bias adds); an inexact ln2 (variance ~1e-6 instead of 0: rstd ~300) moves x_out by
-//           ~0.1 (~100 ulps). h_out is checked
-//           against LN of the kernel's own x_out.
+//           the reference within 2 ceil(F/16) + 4 fp32 ulps at 1e4 (the relative residual leaves
+//           one rounding to ulp(1e4), at the store); an inexact ln2 (variance ~1e-6 instead of 0:
+//           rstd ~300) moves x_out by ~0.1 (~100 ulps). h_out is checked against LN of the float64
+//           reference x (the kernel normalises its residual before rounding it to x_out's ulp).
 enum class LnMode { exact, ln2 };
 
 struct LnOutcome {
@@ -543,7 +546,11 @@ LnOutcome run_ln_case(int D, int F, int64_t rows, bool tail, LnMode mode, uint64
       for (int j = 0; j < D; ++j) xin[size_t(j)] = double(x[base + j]);
       layer_norm(xin, m.lnn_w.data(), m.lnn_b.data(), eps, rln);
       for (int j = 0; j < D; ++j) {
-        if (!tail && std::memcmp(&xo[base + j], &x[base + j], 4) != 0) ++out.not_exact;
+        if (!tail) {
+          volatile float rel = x[base + j] - x[base];  // fp32, as the kernel: (x - c) + c
+          const float expect = rel + x[base];
+          if (std::memcmp(&xo[base + j], &expect, 4) != 0) ++out.not_exact;
+        }
         const bool constant = kind[size_t(r)] == 1 || kind[size_t(r)] == 3;
         double got, tol;
         if (tail) {
@@ -571,7 +578,7 @@ LnOutcome run_ln_case(int D, int F, int64_t rows, bool tail, LnMode mode, uint64
         const double e = std::fabs(double(xo[base + j]) - rx[size_t(j)]);
         if (!(e <= xtol)) ++out.not_exact;
         out.ratio = std::max(out.ratio, std::isfinite(e) ? e / xtol : 1e30);
-        xin[size_t(j)] = double(xo[base + j]);
+        xin[size_t(j)] = rx[size_t(j)];
       }
       layer_norm(xin, m.lnn_w.data(), m.lnn_b.data(), eps, rln);
       for (int j = 0; j < D; ++j) {
