@@ -31,6 +31,7 @@
 #include "hk/tune/knobs.hpp"
 #include "hk/tune/plan_choice.hpp"
 #include "attention_materialized.cuh"
+#include "packing.hpp"
 #include "rownorm.cuh"
 #include "tune_cuda.hpp"
 #include "weights.hpp"
@@ -469,15 +470,7 @@ void CudaEngine::Impl::check_batch(int B, const char* what) const {
 }
 
 // The rows a plan of (B, tokens) runs on (engine.hpp: padding-free execution).
-int64_t CudaEngine::Impl::rows_for(int B, int64_t tokens) const {
-  const int64_t dense = int64_t(B) * S;
-  if (tokens < 0 || tokens >= dense || pin_pack == "0") return dense;
-  const int64_t granule = std::max<int64_t>(256, (dense / 32 + 255) / 256 * 256);
-  const int64_t rows = std::max<int64_t>(1, (tokens + granule - 1) / granule) * granule;
-  if (rows >= dense) return dense;
-  if (pin_pack == "1") return rows;
-  return dense >= 4096 && rows * 100 <= dense * 85 ? rows : dense;
-}
+int64_t CudaEngine::Impl::rows_for(int B, int64_t tokens) const { return padding_free_rows(B, S, tokens, pin_pack); }
 
 Plan& CudaEngine::Impl::plan(int B, int64_t rows) {
   auto it = plans.find({B, rows});

@@ -18,6 +18,7 @@
 #include "cuda/backend.hpp"
 #include "cuda/engine.hpp"
 #include "gemm_cublaslt.cuh"
+#include "packing.hpp"
 #include "hk/engine.hpp"
 #include "hk/error.hpp"
 #include "hk/synthetic.hpp"
@@ -262,6 +263,57 @@ TEST(CudaRoutes, EnvironmentKnobs) {
       EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
     }
   }
+}
+
+// The padding-free bucket rule: rows cover every valid token, come in whole granules of
+// max(256, B*S/32), stay dense where packing cannot pay (small B*S, > 85% valid, pinned off).
+TEST(CudaPacking, BucketRule) {
+  using hk::cuda::padding_free_rows;
+  // Case 6: B*S = 1,280,000, granule 40,192 rows.
+  const int64_t dense6 = 10000LL * 128;
+  EXPECT_EQ(padding_free_rows(10000, 128, -1, ""), dense6);        // unknown count: dense
+  EXPECT_EQ(padding_free_rows(10000, 128, dense6, ""), dense6);    // nothing to skip
+  EXPECT_EQ(padding_free_rows(10000, 128, 645652, "0"), dense6);   // pinned off
+  const int64_t r6 = padding_free_rows(10000, 128, 645652, "");
+  EXPECT_GE(r6, 645652);
+  EXPECT_EQ(r6 % 40192, 0);
+  EXPECT_LT(r6 - 645652, 40192);
+  // > 85% valid: dense under auto, packed when pinned.
+  EXPECT_EQ(padding_free_rows(10000, 128, 1200000, ""), dense6);
+  EXPECT_LT(padding_free_rows(10000, 128, 1200000, "1"), dense6);
+  // B*S < 4096 (case 2): dense under auto however few tokens, packed when pinned.
+  EXPECT_EQ(padding_free_rows(1, 128, 10, ""), 128);
+  EXPECT_EQ(padding_free_rows(1, 128, 10, "1"), 128);  // a 256-row granule is not smaller than 128
+  EXPECT_EQ(padding_free_rows(16, 128, 100, "1"), 256);
+  EXPECT_EQ(padding_free_rows(16, 128, 100, ""), 2048);
+  // Zero valid tokens still gets one granule (the tail rows are zeroed and computed).
+  EXPECT_EQ(padding_free_rows(64, 128, 0, ""), 256);
+  // Every token count of a mid-size batch: covered, granular, never more than dense.
+  for (int64_t t = 0; t <= 8192; t += 97) {
+    const int64_t r = padding_free_rows(64, 128, t, "1");
+    EXPECT_GE(r, t);
+    EXPECT_LE(r, 8192);
+    if (r < 8192) EXPECT_EQ(r % 256, 0) << t;
+  }
+}
+
+TEST(CudaRoutes, PackAndChainKnobs) {
+  EnvGuard g1("HK_PACK"), g2("HK_CHAINS"), g3("HK_ATTENTION");
+  setenv("HK_PACK", "1", 1);
+  setenv("HK_CHAINS", "persistent", 1);
+  setenv("HK_ATTENTION", "materialized", 1);
+  hk::cuda::Routes r = hk::cuda::routes_from_environment();
+  EXPECT_EQ(r.pins["pack"], "1");
+  EXPECT_EQ(r.pins["chains"], "persistent");
+  EXPECT_EQ(r.pins["attention"], "materialized");
+  setenv("HK_PACK", "auto", 1);
+  unsetenv("HK_CHAINS");
+  unsetenv("HK_ATTENTION");
+  r = hk::cuda::routes_from_environment();
+  EXPECT_EQ(r.pins.count("pack"), 0u);
+  EXPECT_EQ(r.pins.count("chains"), 0u);
+  setenv("HK_PACK", "2", 1);
+  EXPECT_THROW(hk::cuda::routes_from_environment(), hk::Error);
 }
 
 }  // namespace
