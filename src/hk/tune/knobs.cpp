@@ -35,9 +35,11 @@ const std::vector<Knob>& knobs() {
       {"HK_GEMM_ALGO", "auto|0..7", "auto", "cuda",
        "cuBLASLt algorithm: the index into the heuristic's top candidates (0 = the heuristic's first, the "
        "untuned default). An index a GEMM lacks falls back to 0. auto: measured per GEMM."},
-      {"HK_CHAINS", "auto|off", "auto", "cuda",
+      {"HK_CHAINS", "auto|off|persistent", "auto", "cuda",
        "Fused chain kernels (several steps in one kernel). off: single-step kernels only. auto: a chain is kept "
-       "where it measures faster than the kernels it replaces (untuned: the table's first kernel)."},
+       "where it measures faster than the kernels it replaces (untuned: the table's first kernel), and the "
+       "whole-model persistent kernel (D, F <= 128, S <= 128) where it measures faster than the chosen "
+       "per-layer plan. persistent: the whole-model kernel wherever the model is within its limits."},
       {"HK_GRAPH", "auto|1|0", "auto", "cuda",
        "CUDA graph replay of the whole forward. 1: always, 0: eager launches. auto: graph unless eager launch "
        "measures faster (best of three, 0.5% margin); untuned: graph."},
