@@ -59,6 +59,13 @@ Job::Job(int* argc, char*** argv) {
     if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
       throw Error("MPI_Init_thread failed");
     mpi_ = true;
+    if (provided < MPI_THREAD_MULTIPLE) {
+      // Every rank gets the same answer from the same library: all stop with the same line.
+      MPI_Finalize();
+      mpi_ = false;
+      throw Error("the MPI library does not provide MPI_THREAD_MULTIPLE (the output is written from a "
+                  "writer thread while other threads may call MPI); rebuild against an MPI with thread support");
+    }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
@@ -91,35 +98,26 @@ Job::~Job() {
 #endif
 }
 
+#if HK_HAVE_MPI
+namespace {
+int64_t allreduce(int64_t v, MPI_Op op) {
+  long long in = v, out = 0;
+  MPI_Allreduce(&in, &out, 1, MPI_LONG_LONG, op, MPI_COMM_WORLD);
+  return out;
+}
+}  // namespace
+#endif
+
 int64_t Job::min(int64_t v) const {
 #if HK_HAVE_MPI
-  if (mpi_) {
-    long long in = v, out = 0;
-    MPI_Allreduce(&in, &out, 1, MPI_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
-    return out;
-  }
+  if (mpi_) return allreduce(v, MPI_MIN);
 #endif
   return v;
 }
 
 int64_t Job::max(int64_t v) const {
 #if HK_HAVE_MPI
-  if (mpi_) {
-    long long in = v, out = 0;
-    MPI_Allreduce(&in, &out, 1, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
-    return out;
-  }
-#endif
-  return v;
-}
-
-int64_t Job::sum(int64_t v) const {
-#if HK_HAVE_MPI
-  if (mpi_) {
-    long long in = v, out = 0;
-    MPI_Allreduce(&in, &out, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
-    return out;
-  }
+  if (mpi_) return allreduce(v, MPI_MAX);
 #endif
   return v;
 }

@@ -47,7 +47,6 @@ class Job {
 
   int64_t min(int64_t v) const;
   int64_t max(int64_t v) const;
-  int64_t sum(int64_t v) const;
   double max(double v) const;
   void barrier() const;
 

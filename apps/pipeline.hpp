@@ -10,6 +10,7 @@
 // chunk, with the same neighbours, whatever the number of ranks.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>

@@ -50,10 +50,10 @@ std::string gib(size_t bytes) {
   std::snprintf(b, sizeof b, "%.2f GiB", double(bytes) / double(size_t(1) << 30));
   return b;
 }
-// cudaMalloc / cudaMallocHost with a one-line error naming what could not be allocated; a failed
-// allocation's error is cleared so that later CUDA calls of the process do not report it again.
 }  // namespace
 
+// cudaMalloc / cudaMallocHost with a one-line error naming what could not be allocated; a failed
+// allocation's error is cleared so that later CUDA calls of the process do not report it again.
 void allocate(void** p, size_t bytes, bool pinned, const char* what) {
   const cudaError_t e = pinned ? cudaMallocHost(p, bytes) : cudaMalloc(p, bytes);
   if (e == cudaSuccess) return;

@@ -29,9 +29,10 @@
 // tokens only: the first LayerNorm packs them (row seq_start[b] + s), GEMMs and row kernels run
 // on Tcap rows, attention takes the packed layout, and the final LayerNorm scatters back to
 // [B, S, D] (padded rows written as zeros). Tcap is T rounded up to a bucket of
-// max(256, B*S/32) rows, so a new `lengths` vector reuses the plan and graphs of its bucket
-// (at most ~32 buckets per B, each planned and captured on first use; the rows between T and
-// Tcap are zero-filled and cost at most 1/32 of the dense work). `auto` packs when Tcap is at
+// max(256, B*S/32 rounded up to a multiple of 256) rows (packing.hpp), so a new `lengths` vector
+// reuses the plan and graphs of its bucket (at most ~32 buckets per B, each planned and captured
+// on first use; the zero-filled rows between T and Tcap cost at most one bucket: 1/32 of the
+// dense work for B*S >= 8192, up to 1/16 at 4096). `auto` packs when Tcap is at
 // most 85% of B*S and B*S >= 4096 rows; below that the dense plan is kept (the packing kernel's
 // extra launch would outweigh the saving).
 //

@@ -25,6 +25,9 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 FINAL=${OUT:-/tmp/hk-out}
 mkdir -p "$FINAL"
 OUT=/tmp/hk-results  # everything lands here first; packed into $FINAL/results.tgz at the end
+# A fresh result folder per call, unless HK_KEEP_RESULTS=1: then a call on a machine still warm
+# from the previous one adds to its results (e.g. the peers and the summary after the benchmarks).
+[ "${HK_KEEP_RESULTS:-0}" = 1 ] || rm -rf "$OUT"
 mkdir -p "$OUT"
 pkg=/tmp/hk-pkg
 phases=("$@")
@@ -111,43 +114,6 @@ if want sanitize && [ -x "$share/sanitize.sh" ]; then
   stamp "sanitize (sanitize.sh)"
   HK_SAN_BUDGET=${HK_SAN_BUDGET:-360} "$share/sanitize.sh" "$pkg/bin" "$work/san" "$OUT/sanitizer.log" 2>&1 | tail -30
   status[sanitize]=${PIPESTATUS[0]}
-elif want sanitize; then
-  stamp "sanitize"
-  : > "$OUT/sanitizer.log"
-  hk_generate --batch 3 --seq 33 --d-model 40 --heads 5 --ffn 72 --layers 2 --causal 1 \
-    --lengths-list 0,1,33 --seed 7 --output "$work/san.h5" >> "$OUT/sanitizer.log" 2>&1
-  hk_generate --batch 2 --seq 130 --d-model 64 --heads 2 --ffn 96 --layers 1 --causal 0 \
-    --seed 8 --output "$work/san2.h5" >> "$OUT/sanitizer.log" 2>&1
-  # hk_forward end to end (untuned defaults: the routes each test program below covers on its own).
-  for tool in memcheck racecheck initcheck synccheck; do
-    files="san san2"; [ $tool = memcheck ] || files=san
-    for f in $files; do
-      for prec in fast fp32; do
-        echo "=== $tool $f $prec" >> "$OUT/sanitizer.log"
-        HK_TUNE=0 HK_GRAPH=0 timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 \
-          hk_forward --backend cuda --precision $prec --input "$work/$f.h5" --output "$work/$f-$tool.h5" --quiet \
-          >> "$OUT/sanitizer.log" 2>&1
-        rc=$?
-        status["sanitize-$tool-$f-$prec"]=$rc
-        echo "=== $tool $f $prec rc=$rc" >> "$OUT/sanitizer.log"
-      done
-    done
-    stamp "  $tool done"
-  done
-  # Every kernel the choosers can pick, through its own test program (correctness part only).
-  for t in test_post_attn_fused test_qkv_attention_fused test_attention_flash; do
-    for tool in memcheck racecheck; do
-      [ -x "$pkg/bin/$t" ] || continue
-      echo "=== $tool $t" >> "$OUT/sanitizer.log"
-      (cd "$share" && HK_TEST_NO_TIMING=1 timeout "${HK_SAN_TIMEOUT:-150}" compute-sanitizer --tool $tool \
-        --error-exitcode 9 "$pkg/bin/$t" > "$work/san-$t-$tool.log" 2>&1)
-      rc=$?
-      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Hazard|checks,|FAIL" "$work/san-$t-$tool.log" | head -40 >> "$OUT/sanitizer.log"
-      status["sanitize-$tool-$t"]=$rc
-      echo "=== $tool $t rc=$rc" >> "$OUT/sanitizer.log"
-      stamp "  $tool $t rc=$rc"
-    done
-  done
 fi
 
 if want accuracy; then
@@ -306,14 +272,17 @@ fi
 if want regress; then
   stamp "regress"
   # The tuned run of the bench phase, wrapped with device identity, build and date, compared with
-  # (or made) the H200 baseline; the plot of per-case speedups of hk and the peers over eager.
+  # the committed baseline of this device (perf/regress/baselines: exit 1 on a regression, 3 when
+  # the device has none), and the plot of per-case speedups of hk and the peers over eager. To make
+  # a run the new baseline: run.py --from-json ... --update-baseline, then commit the file.
   mkdir -p "$OUT/regress"
   if [ -f "$OUT/bench_hk.json" ]; then
+    before=$(date +%s)
     python3 "$share/regress/run.py" --from-json "$OUT/bench_hk.json" --kind cuda --filter '/tuned/' \
-      --git-hash "${HK_GIT_HASH:-$(head -1 "$share/git-hash.txt" 2>/dev/null || echo unknown)}" --build-type Release --results-dir "$OUT/regress" \
-      --baseline-dir "$OUT/regress" --update-baseline 2>&1 | tail -20
+      --git-hash "${HK_GIT_HASH:-$(head -1 "$share/git-hash.txt" 2>/dev/null || echo unknown)}" --build-type Release \
+      --results-dir "$OUT/regress" --baseline-dir "$share/regress/baselines" --compare 2>&1 | tail -30
     status[regress]=${PIPESTATUS[0]}
-    run_json=$(ls "$OUT"/regress/cuda-*/*.json 2>/dev/null | head -1)
+    run_json=$(find "$OUT"/regress -name '*.json' -newermt "@$before" 2>/dev/null | head -1)
     [ -f "$OUT/peers.json" ] && [ -n "$run_json" ] && python3 "$share/regress/plot.py" --hk "$run_json" \
       --peers "$OUT/peers.json" --out "$OUT/regress/speedups.png" 2>&1 | tail -5
   fi

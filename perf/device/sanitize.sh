@@ -82,7 +82,10 @@ shape_desc[hd256]="S=33 D=256 hd=256 causal"
 # head_dim 25: the fp32 routes only (the f16 kernels take multiples of 8).
 shape_args[d100]="--batch 3 --seq 33 --d-model 100 --heads 4 --ffn 136 --layers 1 --causal 0 --lengths-list 0,1,S"
 shape_desc[d100]="S=33 D=100 hd=25 bidir"
-for s in tiny mid long hd256 d100; do
+# Within the whole-model kernel's limits (D 64, F 48, S <= 128, head_dim 8).
+shape_args[small]="--batch 3 --seq 33 --d-model 64 --heads 8 --ffn 48 --layers 2 --causal 1 --lengths-list 0,1,S"
+shape_desc[small]="S=33 D=64 hd=8 causal"
+for s in tiny mid long hd256 d100 small; do
   # shellcheck disable=SC2086
   if ! "$bin/hk_generate" ${shape_args[$s]} --seed 11 --quiet --output "$work/in/$s.h5" >> "$log" 2>&1; then
     say "sanitize.sh: hk_generate failed for $s (${shape_args[$s]})"
@@ -105,6 +108,8 @@ route_env[graph0]="HK_TUNE=0 HK_GRAPH=0";                          route_opt[gra
 route_env[pack1]="HK_TUNE=0 HK_PACK=1";                            route_opt[pack1]="--precision fast"
 route_env[pack1-tune1]="HK_TUNE=1 HK_TUNE_CACHE=off HK_TUNE_VERBOSE=1 HK_PACK=1"
 route_opt[pack1-tune1]="--precision fast"
+route_env[persistent]="HK_TUNE=0 HK_CHAINS=persistent";             route_opt[persistent]="--precision fast"
+route_env[materialized]="HK_TUNE=0 HK_ATTENTION=materialized";       route_opt[materialized]="--precision fast"
 route_env[fp32]="HK_TUNE=0";                                       route_opt[fp32]="--precision fp32"
 route_env[fp32-tune1]="HK_TUNE=1 HK_TUNE_CACHE=off HK_TUNE_VERBOSE=1"
 route_opt[fp32-tune1]="--precision fp32"
@@ -117,6 +122,9 @@ runs=()
 add() { has_tool "$1" && runs+=("$1 $2 $3"); }
 for tool in memcheck racecheck synccheck initcheck; do
   for r in $all_routes; do add $tool "$r" tiny; done
+  # Routes only a pin reaches for sure (tune1 measures them only where they are candidates).
+  add $tool persistent small
+  add $tool materialized tiny
 done
 for r in $all_routes; do add memcheck "$r" mid; done
 for r in $all_routes; do add memcheck "$r" long; done

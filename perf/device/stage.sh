@@ -99,7 +99,8 @@ done | sort -u | grep -Ev "$system_libs" |
 cp apps/hk_reference.py perf/peers.py perf/device/summarize.py "$stage/pkg/share/" 2>/dev/null || true
 [ -f perf/device/sanitize.sh ] && cp perf/device/sanitize.sh "$stage/pkg/share/"
 [ -f perf/device/profile.sh ] && cp perf/device/profile.sh "$stage/pkg/share/"
-mkdir -p "$stage/pkg/share/regress" && cp perf/regress/*.py "$stage/pkg/share/regress/"
+mkdir -p "$stage/pkg/share/regress/baselines" && cp perf/regress/*.py "$stage/pkg/share/regress/" &&
+  cp perf/regress/baselines/*.json "$stage/pkg/share/regress/baselines/" 2>/dev/null || true
 cp ../shared/spec/cases.csv "$stage/pkg/share/cases.csv"
 # The commit the stage was built from (run.sh records it with the regression run).
 { git rev-parse HEAD; [ -n "$(git status --porcelain --untracked-files=no)" ] && echo dirty; } > "$stage/pkg/share/git-hash.txt" 2>/dev/null || true

@@ -286,6 +286,8 @@ TEST(CudaPacking, BucketRule) {
   EXPECT_EQ(padding_free_rows(1, 128, 10, "1"), 128);  // a 256-row granule is not smaller than 128
   EXPECT_EQ(padding_free_rows(16, 128, 100, "1"), 256);
   EXPECT_EQ(padding_free_rows(16, 128, 100, ""), 2048);
+  // Beyond int32 rows the packed offsets would overflow: dense even when pinned.
+  EXPECT_EQ(padding_free_rows(20000000, 128, 1000, "1"), 20000000LL * 128);
   // Zero valid tokens still gets one granule (the tail rows are zeroed and computed).
   EXPECT_EQ(padding_free_rows(64, 128, 0, ""), 256);
   // Every token count of a mid-size batch: covered, granular, never more than dense.

@@ -11,12 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "hk/io/input_file.hpp"  // kDefaultChunkCacheBytes
+
 namespace hk::io {
 
 class OutputFile {
  public:
   // `chunk_cache_bytes`: the chunk cache of y (a chunk cut by two writes waits there).
-  OutputFile(const std::string& path, int64_t B, int S, int D, size_t chunk_cache_bytes = size_t(64) << 20);
+  OutputFile(const std::string& path, int64_t B, int S, int D, size_t chunk_cache_bytes = kDefaultChunkCacheBytes);
   ~OutputFile();
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;
