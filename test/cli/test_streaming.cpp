@@ -43,6 +43,10 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 // alone would exceed that. Reference precision is bit-identical whatever the chunking, so the
 // capped run must equal one chunk of the whole batch exactly.
 TEST(Streaming, MemCapBoundsPeakMemoryAndMatchesOneChunk) {
+#if defined(__SANITIZE_ADDRESS__)
+  // Peak RSS there counts AddressSanitizer's shadow memory and quarantine, not hk's buffers.
+  GTEST_SKIP() << "peak memory is not hk's own under AddressSanitizer (the plain build runs this test)";
+#endif
   ScratchDir dir;
   const int B = 4000, S = 64;
   write_case(dir.path("big.h5"), B, S);

@@ -1,11 +1,13 @@
 #include "hk/io/h5_detail.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 
 #include "hk/error.hpp"
@@ -107,6 +109,19 @@ Handle file_creation_access() {
   // a model's ~20 small groups per layer), readable by every HDF5 since 1.8 and by h5py.
   H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V18);
   return fapl;
+}
+
+std::string durable_rename(const std::string& temp, const std::string& path) {
+  const int fd = ::open(temp.c_str(), O_RDONLY);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    return "cannot sync the temporary output file " + temp + " (" + std::strerror(err) + ")";
+  }
+  ::close(fd);
+  if (std::rename(temp.c_str(), path.c_str()) != 0)
+    return "cannot move the temporary output file " + temp + " into place (" + std::strerror(errno) + ")";
+  return "";
 }
 
 Handle file_creation_props() {

@@ -29,6 +29,10 @@ std::string one_line(const std::string& s, size_t max_len = 200);
 // As fail(), appending HDF5's reason for the failure when it gave one.
 [[noreturn]] void fail_h5(const std::string& file, const std::string& object, const std::string& what);
 
+// Makes a closed temporary file durable (fsync) and then visible under `path` (rename): "" on
+// success, else why not (one line). rename() alone may expose a file whose data is not on disk.
+std::string durable_rename(const std::string& temp, const std::string& path);
+
 std::string shape_string(const std::vector<int64_t>& dims);
 std::string index_string(const std::vector<int64_t>& index);
 

@@ -124,18 +124,8 @@ void OutputFile::commit() {
   const bool closed = m.y.close() && m.group.close() && H5Fflush(m.file.get(), H5F_SCOPE_GLOBAL) >= 0 &&
                       m.file.close();
   if (!closed) fail_h5(m.path, "/", "cannot flush and close the temporary output file " + m.temp + " (disk full?)");
-  // Durable before it becomes visible: rename() alone may expose a file whose data is not on disk.
-  const int fd = ::open(m.temp.c_str(), O_RDONLY);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    const int err = errno;
-    if (fd >= 0) ::close(fd);
-    fail(m.path, "/", "cannot sync the temporary output file " + m.temp + " (" + std::strerror(err) + ")");
-  }
-  ::close(fd);
-  if (std::rename(m.temp.c_str(), m.path.c_str()) != 0) {
-    const int err = errno;
-    fail(m.path, "/", "cannot move the temporary output file " + m.temp + " into place (" + std::strerror(err) + ")");
-  }
+  const std::string why = durable_rename(m.temp, m.path);
+  if (!why.empty()) fail(m.path, "/", why);
   m.committed = true;
 }
 

@@ -175,15 +175,7 @@ void ParallelOutputFile::commit() {
   if (!all_ok(closed, m.comm))
     fail_h5(m.path, "/", "cannot flush and close the temporary output file " + m.temp + " (disk full?)");
   std::string why;
-  if (m.rank == 0) {
-    const int fd = ::open(m.temp.c_str(), O_RDONLY);
-    if (fd < 0 || ::fsync(fd) != 0) {
-      why = "cannot sync the temporary output file " + m.temp + " (" + std::strerror(errno) + ")";
-    } else if (std::rename(m.temp.c_str(), m.path.c_str()) != 0) {
-      why = "cannot move the temporary output file " + m.temp + " into place (" + std::strerror(errno) + ")";
-    }
-    if (fd >= 0) ::close(fd);
-  }
+  if (m.rank == 0) why = durable_rename(m.temp, m.path);
   why = broadcast(why, m.comm);
   if (!why.empty()) {
     if (m.rank == 0) ::unlink(m.temp.c_str());
