@@ -21,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -348,6 +349,18 @@ int run(const Options& o, int* argc, char*** argv) {
     setup_error = e.what();
   }
 
+  // CUDA's start-up (driver, and the context of the device this rank will use: a few tenths of a
+  // second) runs beside MPI's start-up, the model read and the opening of the input. Started
+  // after the fork above: the child must not inherit threads.
+  std::future<hk::app::DeviceMemory> early_device;
+  if (HK_HAVE_CUDA && setup_error.empty() && o.backend != "kokkos")
+    early_device = std::async(std::launch::async, [&o, launch] {
+      const int gpus = hk::app::cuda_device_count();
+      if (gpus < 1) return hk::app::DeviceMemory{};
+      const bool by_rank = !o.device_given && launch.launched && launch.local_rank >= 0;
+      return hk::app::device_memory(by_rank ? launch.local_rank % gpus : o.device);
+    });
+
   hk::app::Job job(argc, argv);
   auto agree = [&](const std::string& err) {
     const bool stop = g_interrupted || err == "interrupted";
@@ -374,7 +387,8 @@ int run(const Options& o, int* argc, char*** argv) {
       const int gpus = hk::app::cuda_device_count();
       if (!o.device_given && job.mpi() && gpus > 0) device = job.local_rank() % gpus;
       if (gpus > 0) ranks_per_device = (job.local_size() + gpus - 1) / gpus;
-      dev = hk::app::device_memory(device);
+      if (early_device.valid()) dev = early_device.get();
+      if (dev.device != device) dev = hk::app::device_memory(device);
     }
     sizing = size_chunks(model->config, in->seq_len(), in->batch(), in->x_type() == hk::io::DType::float16,
                          hk::precision_from_string(o.precision), backend_name, mem_cap, dev, ranks_per_device);
@@ -384,6 +398,8 @@ int run(const Options& o, int* argc, char*** argv) {
     }
     if (sizing.chunk > std::numeric_limits<int>::max())
       throw hk::Error("--batch-chunk " + std::to_string(sizing.chunk) + " is too large (at most 2^31-1 sequences)");
+    // The parallel output's write mode, checked here so that a bad value is one agreed error.
+    if (job.size() > 1) hk::tune::knob_choice("HK_MPIIO_WRITE", {"collective", "individual", "independent"});
     // The ranks create the output together; a directory they cannot write is found here, before
     // anything collective, so that it is one clean error.
     if (job.size() > 1 && job.rank() == 0 && !o.explain) {
@@ -407,7 +423,14 @@ int run(const Options& o, int* argc, char*** argv) {
   const hk::app::ChunkGrid grid{B, chunk, job.rank(), job.size()};
   if (child) child->start(chunk, job.rank(), job.size());  // a rank's child reads that rank's chunks of x
 
+  // The CUDA engine (weights upload, activation arena, library handles) is built on its own
+  // thread while the output file is created and the first chunks are read; the compute stage
+  // waits for it before its first chunk. Its failures then end the run from there. The kokkos
+  // engine is built here (Kokkos is initialised on the thread that uses it).
   std::unique_ptr<hk::Engine> engine;
+  std::future<std::unique_ptr<hk::Engine>> engine_future;
+  double engine_s = 0;
+  const char* const kEngineOom = "out of memory creating the engine (a smaller --batch-chunk needs less)";
   try {
     hk::EngineOptions eo;
     eo.backend = o.backend;
@@ -415,13 +438,34 @@ int run(const Options& o, int* argc, char*** argv) {
     eo.max_batch = int(chunk);
     eo.seq_len = S;
     eo.device = device;
-    engine = hk::make_engine(*model, eo);
+    hk::select_backend(o.backend);  // an unusable backend is an agreed setup error, as before
+    const auto build = [&model, eo, &engine_s] {
+      const auto t = clock::now();
+      auto e = hk::make_engine(*model, eo);
+      engine_s = std::chrono::duration<double>(clock::now() - t).count();
+      return e;
+    };
+    if (backend_name == "cuda" && !o.explain)
+      engine_future = std::async(std::launch::async, build);
+    else
+      engine = build();
   } catch (const std::bad_alloc&) {
-    setup_error = "out of memory creating the engine (a smaller --batch-chunk needs less)";
+    setup_error = kEngineOom;
   } catch (const std::exception& e) {
     setup_error = e.what();
   }
   agree(setup_error);
+  // Waits for the engine when it is being built; then the model's host copy can go.
+  const auto await_engine = [&] {
+    if (engine_future.valid()) {
+      try {
+        engine = engine_future.get();
+      } catch (const std::bad_alloc&) {
+        throw hk::Error(kEngineOom);
+      }
+    }
+    model.reset();  // the engine holds its own copy of the weights
+  };
 
   // --explain validates the files whole, as a run would, before printing the plan.
   if (o.explain && child) {
@@ -448,8 +492,7 @@ int run(const Options& o, int* argc, char*** argv) {
     }
     return 0;
   }
-  const bool pinned = engine->backend() == "cuda";
-  model.reset();  // the engine holds its own copy of the weights
+  const int pin_device = backend_name == "cuda" ? device : -1;  // page-locked chunk buffers for the GPU
 
   // From here on a rank's failure ends the whole job (its peers may wait in a collective call).
   std::unique_ptr<Output> out;
@@ -479,17 +522,9 @@ int run(const Options& o, int* argc, char*** argv) {
   };
   Progress progress(job.rank() == 0 && n_chunks > 1 && (o.progress || (!o.quiet && ::isatty(STDERR_FILENO))), B * S);
   const auto t_loop = clock::now();
+  double commit_s = 0, check_s = 0;  // check_s: the compute stage's finiteness scan of y
   try {
     out = std::make_unique<Output>(output, B, S, D, sizing.cache_bytes, job);
-    out->set_attribute("precision", hk::to_string(engine->precision()));
-    out->set_attribute("backend", engine->backend());
-    out->set_attribute("device", engine->device());
-    out->set_attribute("program", std::string(kProgram) + " " + HK_VERSION);
-    out->set_attribute("version", HK_VERSION);
-    out->set_attribute("input_file", input);
-    out->set_attribute("model_file", model_path);
-    out->set_attribute("batch_chunk", std::to_string(chunk));
-    out->set_attribute("ranks", std::to_string(job.size()));
 
     const bool has_lengths = in->has_lengths();
     const int64_t local_tokens = std::max<int64_t>(1, [&] {
@@ -498,6 +533,7 @@ int run(const Options& o, int* argc, char*** argv) {
       return t;
     }() * S);
     hk::app::PipelineStages stages;
+    stages.prepare = await_engine;
     stages.read = [&](int64_t b0, int64_t nb, float* x, int32_t* lengths) {
       if (child) child->wait_rows(b0 + nb, interrupted);  // never touch rows the child has not survived
       rows_read.store(std::max<int64_t>(rows_read.load(), b0 + nb));
@@ -506,7 +542,9 @@ int run(const Options& o, int* argc, char*** argv) {
     stages.compute = [&](int64_t b0, int64_t nb, const float* x, const int32_t* lengths, float* y) {
       engine->forward(x, has_lengths ? lengths : nullptr, int(nb), y);
       // MODEL.md: a finite input never yields NaN/Inf. Refuse to write one rather than pass it on.
+      const auto t_check = clock::now();
       const std::string bad = first_nonfinite(y, nb * S * D, b0, S, D);
+      check_s += std::chrono::duration<double>(clock::now() - t_check).count();
       if (!bad.empty())
         throw hk::Error(output + ": /output/y: backend " + engine->backend() + " produced a non-finite value at " + bad +
                         " from a finite input (a bug; nothing was written)");
@@ -519,9 +557,22 @@ int run(const Options& o, int* argc, char*** argv) {
     };
     stages.interrupted = [] { return g_interrupted != 0; };
     if (job.mpi()) stages.fatal = fatal;
-    st = hk::app::run_pipeline(grid, S, D, pinned, stages);
+    st = hk::app::run_pipeline(grid, S, D, pin_device, stages);
+    await_engine();  // a rank without chunks never ran the compute stage
+    // Attributes now that the engine is known (collective in a job: every rank, same order).
+    out->set_attribute("precision", hk::to_string(engine->precision()));
+    out->set_attribute("backend", engine->backend());
+    out->set_attribute("device", engine->device());
+    out->set_attribute("program", std::string(kProgram) + " " + HK_VERSION);
+    out->set_attribute("version", HK_VERSION);
+    out->set_attribute("input_file", input);
+    out->set_attribute("model_file", model_path);
+    out->set_attribute("batch_chunk", std::to_string(chunk));
+    out->set_attribute("ranks", std::to_string(job.size()));
     if (child) child->finish(interrupted);  // the child's last word comes before the output is final
+    const auto t_commit = clock::now();
     out->commit();
+    commit_s = std::chrono::duration<double>(clock::now() - t_commit).count();
   } catch (const std::bad_alloc&) {
     if (job.mpi()) fatal("out of memory (a smaller --batch-chunk or --mem-cap needs less)");
     print_failure_stats();
@@ -546,10 +597,12 @@ int run(const Options& o, int* argc, char*** argv) {
   }
   if (o.stats) {
     std::printf("%s: stats: rank=%d ranks=%d chunk=%lld chunks=%lld local_chunks=%lld mem_cap=%lld "
-                "peak_rss_kib=%lld read_s=%.3f compute_s=%.3f write_s=%.3f wall_s=%.3f%s\n",
+                "peak_rss_kib=%lld read_s=%.3f compute_s=%.3f write_s=%.3f wall_s=%.3f setup_s=%.3f engine_s=%.3f "
+                "engine_wait_s=%.3f pin_s=%.3f check_s=%.3f commit_s=%.3f%s\n",
                 kProgram, job.rank(), job.size(), (long long)chunk, (long long)n_chunks,
                 (long long)grid.local_chunks(), (long long)mem_cap, (long long)peak_rss_kib(), st.read_s, st.compute_s,
-                st.write_s, total_s, validation_stats().c_str());
+                st.write_s, total_s, std::chrono::duration<double>(t_loop - t0).count(), engine_s, st.prepare_s,
+                st.pin_s, check_s, commit_s, validation_stats().c_str());
   }
   std::fflush(stdout);
   return 0;
@@ -584,8 +637,11 @@ int main(int argc, char** argv) {
                  "engine's activations, HDF5 chunk caches; the chunk is sized to fit (per rank)");
   app.add_flag("--stats", o.stats,
                "print a line of statistics per rank on stdout: chunking, peak resident memory (VmHWM), busy "
-               "time of read, compute and write, the validation child's time and the time spent waiting for "
-               "it (a failed single-process run prints how far the child and the reader got)");
+               "time of read, compute and write, the set-up before the pipeline (setup_s), the engine's build "
+               "(engine_s, beside the first reads for cuda) and the compute stage's wait for it (engine_wait_s), "
+               "page-locking the chunk buffers (pin_s), the finiteness check of y (check_s), the commit, the "
+               "validation child's time and the time spent waiting for it (a failed single-process run prints "
+               "how far the child and the reader got)");
   app.add_flag("--quiet", o.quiet, "no summary line (errors are still printed)");
   app.add_flag("--progress", o.progress, "show the progress bar even when stderr is not a terminal");
   app.add_flag("--explain", o.explain,

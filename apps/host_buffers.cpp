@@ -13,7 +13,7 @@
 
 namespace hk::app {
 
-HostBlock::HostBlock(size_t bytes, bool pinned) : bytes_(bytes) {
+HostBlock::HostBlock(size_t bytes, bool pinned, Touch touch) : bytes_(bytes) {
   if (bytes == 0) return;
 #if HK_HAVE_CUDA
   if (pinned) {
@@ -29,10 +29,26 @@ HostBlock::HostBlock(size_t bytes, bool pinned) : bytes_(bytes) {
   (void)pinned;
 #endif
   if (!p_) {
-    p_ = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    // Page-aligned: cudaHostRegister pins whole pages, and no other object shares them.
+    p_ = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
     if (!p_) throw std::bad_alloc();
+    if (touch == Touch::later) return;
   }
   std::memset(p_, 0, bytes);
+}
+
+bool HostBlock::pin(int device) {
+  if (!p_ || pinned_ || registered_) return pinned();
+#if HK_HAVE_CUDA
+  if (cudaSetDevice(device) == cudaSuccess && cudaHostRegister(p_, bytes_, cudaHostRegisterPortable) == cudaSuccess) {
+    registered_ = true;
+  } else {
+    cudaGetLastError();  // stays ordinary memory: the engine then stages the copies itself
+  }
+#else
+  (void)device;
+#endif
+  return pinned();
 }
 
 HostBlock::~HostBlock() { release(); }
@@ -43,6 +59,7 @@ HostBlock& HostBlock::operator=(HostBlock&& o) noexcept {
     p_ = o.p_;
     bytes_ = o.bytes_;
     pinned_ = o.pinned_;
+    registered_ = o.registered_;
     o.p_ = nullptr;
   }
   return *this;
@@ -56,6 +73,7 @@ void HostBlock::release() noexcept {
     p_ = nullptr;
     return;
   }
+  if (registered_) cudaHostUnregister(p_);
 #endif
   std::free(p_);
   p_ = nullptr;
@@ -78,6 +96,7 @@ DeviceMemory device_memory(int device) {
   DeviceMemory m;
 #if HK_HAVE_CUDA
   m.device_count = cuda_device_count();
+  m.device = device;
   if (device < 0 || device >= m.device_count) return m;
   if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&m.free, &m.total) != cudaSuccess) {
     cudaGetLastError();

@@ -1,7 +1,11 @@
 // Host memory for hk_forward's chunk buffers, and what the CUDA device has free. With the CUDA
-// backend the buffers are page-locked (cudaHostAlloc), so that copies to and from the device run
-// at full bus speed and can overlap compute; otherwise ordinary memory. Pages are touched when
-// allocated, so the resident size is what the pipeline holds from the start.
+// backend the buffers are page-locked, so that copies to and from the device run at full bus
+// speed and can overlap compute; otherwise ordinary memory.
+//
+// A block is either allocated page-locked at once (cudaHostAlloc) or allocated as ordinary
+// memory and registered later (pin(): cudaHostRegister). The second form lets the reader fill
+// the buffers while the CUDA context and the engine are still being built: registration needs
+// the context, the first read does not.
 #pragma once
 
 #include <cstddef>
@@ -13,31 +17,47 @@ namespace hk::app {
 // One block of host memory, page-locked when requested and possible.
 class HostBlock {
  public:
+  enum class Touch { now, later };
   HostBlock() = default;
-  HostBlock(size_t bytes, bool pinned);
+  // pinned: cudaHostAlloc now (falls back to ordinary memory). Otherwise ordinary memory, its
+  // pages touched now (Touch::now: the resident size is what the pipeline holds from the start)
+  // or left to the first writer and to pin() (Touch::later).
+  HostBlock(size_t bytes, bool pinned, Touch touch = Touch::now);
   ~HostBlock();
-  HostBlock(HostBlock&& o) noexcept : p_(o.p_), bytes_(o.bytes_), pinned_(o.pinned_) { o.p_ = nullptr; }
+  HostBlock(HostBlock&& o) noexcept
+      : p_(o.p_), bytes_(o.bytes_), pinned_(o.pinned_), registered_(o.registered_) {
+    o.p_ = nullptr;
+  }
   HostBlock& operator=(HostBlock&& o) noexcept;
   HostBlock(const HostBlock&) = delete;
   HostBlock& operator=(const HostBlock&) = delete;
 
+  // Page-locks ordinary memory in place for every CUDA context (cudaHostRegister, portable), with
+  // `device` made current first so that no other device's context is created. Another thread may
+  // be writing the block meanwhile: registration keeps its contents. False (the block stays
+  // ordinary memory, copies stay correct but slower) when CUDA refuses or is not built in.
+  bool pin(int device);
+
   template <class T>
   T* as() const { return static_cast<T*>(p_); }
-  bool pinned() const { return pinned_; }
+  size_t bytes() const { return bytes_; }
+  bool pinned() const { return pinned_ || registered_; }
 
  private:
   void release() noexcept;
   void* p_ = nullptr;
   size_t bytes_ = 0;
-  bool pinned_ = false;
+  bool pinned_ = false;      // cudaHostAlloc
+  bool registered_ = false;  // ordinary memory under cudaHostRegister
 };
 
 struct DeviceMemory {
   bool known = false;  // false: no CUDA in this build, or the query failed
   size_t free = 0, total = 0;
   int device_count = 0;
+  int device = -1;  // the device queried
 };
-// cudaMemGetInfo on `device` (selects it for this process).
+// cudaMemGetInfo on `device` (selects it for the calling thread; creates its context).
 DeviceMemory device_memory(int device);
 // Number of CUDA devices visible to this process (0 without CUDA).
 int cuda_device_count();

@@ -25,12 +25,14 @@ struct Slot {
 
 class Pipeline {
  public:
-  Pipeline(const ChunkGrid& g, int S, int D, bool pinned, const PipelineStages& st) : g_(g), st_(st) {
+  Pipeline(const ChunkGrid& g, int S, int D, int pin_device, const PipelineStages& st)
+      : g_(g), st_(st), pin_device_(pin_device) {
     const size_t n = size_t(g.chunk) * size_t(S) * size_t(D) * sizeof(float);
+    const auto touch = pin_device >= 0 ? HostBlock::Touch::later : HostBlock::Touch::now;
     for (int i = 0; i < 2; ++i) {
-      x_[i].data = HostBlock(n, pinned);
-      x_[i].lengths = HostBlock(size_t(g.chunk) * sizeof(int32_t), pinned);
-      y_[i].data = HostBlock(n, pinned);
+      x_[i].data = HostBlock(n, false, touch);
+      x_[i].lengths = HostBlock(size_t(g.chunk) * sizeof(int32_t), false, touch);
+      y_[i].data = HostBlock(n, false, touch);
     }
   }
 
@@ -99,6 +101,20 @@ class Pipeline {
   }
 
   void compute_all(int64_t n) {
+    if (n > 0) {
+      auto t = clock::now();
+      if (st_.prepare) st_.prepare();
+      const double prepare_s = since(t);
+      t = clock::now();
+      if (pin_device_ >= 0)
+        for (Slot* s : {&x_[0], &x_[1], &y_[0], &y_[1]}) {
+          s->data.pin(pin_device_);
+          s->lengths.pin(pin_device_);
+        }
+      std::lock_guard<std::mutex> lock(m_);
+      stats_.prepare_s = prepare_s;
+      stats_.pin_s = since(t);
+    }
     for (int64_t i = 0; i < n; ++i) {
       Slot& in = x_[i % 2];
       Slot& out = y_[i % 2];
@@ -152,6 +168,7 @@ class Pipeline {
 
   ChunkGrid g_;
   const PipelineStages& st_;
+  int pin_device_ = -1;
   Slot x_[2], y_[2];
   std::mutex m_;
   std::condition_variable cv_;
@@ -162,8 +179,8 @@ class Pipeline {
 
 }  // namespace
 
-PipelineStats run_pipeline(const ChunkGrid& grid, int S, int D, bool pinned, const PipelineStages& stages) {
-  Pipeline p(grid, S, D, pinned, stages);
+PipelineStats run_pipeline(const ChunkGrid& grid, int S, int D, int pin_device, const PipelineStages& stages) {
+  Pipeline p(grid, S, D, pin_device, stages);
   return p.run();
 }
 

@@ -34,10 +34,15 @@ struct ChunkGrid {
 // Seconds each stage was busy, and what is done; passed to the progress callback.
 struct PipelineStats {
   double read_s = 0, compute_s = 0, write_s = 0;
+  double prepare_s = 0;  // the compute thread in `prepare` (e.g. waiting for the engine), while reading began
+  double pin_s = 0;      // page-locking the chunk buffers after `prepare`
   int64_t sequences_done = 0;  // computed and written by this rank
 };
 
 struct PipelineStages {
+  // Called once on the compute thread before its first chunk, while the reader already fills
+  // the first buffers: e.g. waits for an engine still being built. Optional.
+  std::function<void()> prepare;
   // Fill x [nb, S, D] and lengths [nb] with sequences [b0, b0 + nb). Reader thread.
   std::function<void(int64_t b0, int64_t nb, float* x, int32_t* lengths)> read;
   // y [nb, S, D] from x and lengths. Calling thread.
@@ -54,9 +59,11 @@ struct PipelineStages {
   std::function<void(const std::string&)> fatal;
 };
 
-// Buffers: 2 x + 2 y chunk buffers of chunk * S * D floats, 2 length buffers; `pinned`:
-// page-locked (CUDA). Throws the first failure of any stage (after stopping the others).
-PipelineStats run_pipeline(const ChunkGrid& grid, int S, int D, bool pinned, const PipelineStages& stages);
+// Buffers: 2 x + 2 y chunk buffers of chunk * S * D floats, 2 length buffers. `pin_device` -1:
+// ordinary memory, touched at allocation; >= 0 (CUDA): allocated untouched and page-locked
+// (registered for that device) on the compute thread after `prepare`, while the reader is
+// already filling them. Throws the first failure of any stage (after stopping the others).
+PipelineStats run_pipeline(const ChunkGrid& grid, int S, int D, int pin_device, const PipelineStages& stages);
 
 // Bytes the pipeline holds per sequence of a chunk (its buffers).
 inline double pipeline_bytes_per_sequence(int S, int D) { return 4.0 * 4.0 * double(S) * D + 2.0 * 4.0; }

@@ -1518,15 +1518,14 @@ void CudaEngine::forward(const float* x, const int32_t* lengths, int B, float* y
                       " is outside 0..S (S = " + std::to_string(S) + ")");
     HK_CUDA_CHECK(cudaSetDevice(m.device));
     const size_t full = size_t(m.max_batch) * size_t(S) * size_t(m.cfg.d_model) * sizeof(float);
-    if (!m.x_stage.get()) {  // first host call: pinned staging sized for max_batch, kept
-      m.x_stage = PinnedBuffer(full);
-      m.y_stage = PinnedBuffer(full);
-      m.len_stage = PinnedBuffer(size_t(m.max_batch) * sizeof(int32_t));
-    }
     const size_t bytes = size_t(B) * size_t(S) * size_t(m.cfg.d_model) * sizeof(float);
     // Page-locked caller buffers (a streaming reader's) are copied from / to directly; others go
-    // through the engine's pinned staging (pageable memory would make the copies synchronous).
+    // through the engine's pinned staging (pageable memory would make the copies synchronous),
+    // allocated on the first call that needs it, sized for max_batch and kept.
     const bool x_pinned = is_page_locked(x), y_pinned = is_page_locked(y);
+    if (!x_pinned && !m.x_stage.get()) m.x_stage = PinnedBuffer(full);
+    if (!y_pinned && !m.y_stage.get()) m.y_stage = PinnedBuffer(full);
+    if (!m.len_stage.get()) m.len_stage = PinnedBuffer(size_t(m.max_batch) * sizeof(int32_t));
     if (!x_pinned) std::memcpy(m.x_stage.get(), x, bytes);
     auto* len = static_cast<int32_t*>(m.len_stage.get());
     int64_t tokens = 0;

@@ -27,6 +27,8 @@
 #   HK_MGPU_PRECISION   --precision [fast]
 #   HK_MGPU_REPS        timed runs of each configuration, the fastest counts [3]
 #   HK_MGPU_TARGET      weak-scaling efficiency target [0.90]
+#   HK_MGPU_WRITE_MODES the N-rank runs repeat under each HK_MPIIO_WRITE mode listed
+#                       [collective individual independent]; the scaling verdict takes the best
 #   HK_MGPU_MPIRUN_ARGS mpirun options [--bind-to none: a rank's reader, writer and compute
 #                       threads must not share one core, and the host BLAS thread count (the
 #                       kokkos backend's bits) must not follow the binding]
@@ -43,6 +45,7 @@ reps=${HK_MGPU_REPS:-3}
 target=${HK_MGPU_TARGET:-0.90}
 mpirun_args=${HK_MGPU_MPIRUN_ARGS:---bind-to none}
 work=${HK_MGPU_WORK:-/tmp/hk-mgpu}
+modes=${HK_MGPU_WRITE_MODES:-collective individual independent}
 txt=$OUT/multigpu.txt
 log=$OUT/multigpu.log
 mkdir -p "$OUT"
@@ -100,16 +103,18 @@ gpu_sampler() {
   done
 }
 
-# run LABEL RANKS BATCH OUTPUT: one mpirun of hk_forward; its log and mpirun's wall time in logs/.
+# run LABEL RANKS BATCH OUTPUT [WRITE_MODE]: one mpirun of hk_forward; its log and mpirun's wall
+# time in logs/.
 run() {
-  local label=$1 np=$2 b=$3 output=$4 rc t0 t1 sampler=""
+  local label=$1 np=$2 b=$3 output=$4 mode=${5:-collective} rc t0 t1 sampler=""
   if [ "$backend" = cuda ] && [ "$np" -gt 1 ]; then
     gpu_sampler "$work/logs/$label.gpus" &
     sampler=$!
   fi
   t0=$(date +%s.%N)
   # shellcheck disable=SC2086
-  timeout "${HK_MGPU_RUN_TIMEOUT:-300}" mpirun --allow-run-as-root --oversubscribe $mpirun_args -np "$np" \
+  HK_MPIIO_WRITE=$mode timeout "${HK_MGPU_RUN_TIMEOUT:-300}" mpirun --allow-run-as-root --oversubscribe \
+    -x HK_MPIIO_WRITE $mpirun_args -np "$np" \
     hk_forward --backend "$backend" --precision "$precision" --chunk "$chunk" --stats \
     --input "$work/in$b.h5" --output "$output" > "$work/logs/$label.log" 2>&1
   rc=$?
@@ -133,16 +138,19 @@ for r in $(seq 1 "$reps"); do
   run "small1.r$r" 1 "$per" "$work/small1.h5"
   rm -f "$work/small1.h5"
   run "big1.r$r" 1 "$big" "$work/big1.r$r.h5"
-  run "bigN.r$r" "$n" "$big" "$work/bigN.r$r.h5"
+  for m in $modes; do
+    run "bigN-$m.r$r" "$n" "$big" "$work/bigN-$m.r$r.h5" "$m"
+  done
 done
 
-python3 - "$work" "$n" "$per" "$big" "$reps" "$target" "$backend" "$case_row" "$chunk" "$precision" "$gpus" > "$txt" <<'PY'
+python3 - "$work" "$n" "$per" "$big" "$reps" "$target" "$backend" "$case_row" "$chunk" "$precision" "$gpus" "$modes" > "$txt" <<'PY'
 import glob, os, re, sys
 import numpy as np
 import h5py
 
 work, n, per, big, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 target, backend, case_row, chunk, precision, gpus = float(sys.argv[6]), sys.argv[7], sys.argv[8], sys.argv[9], sys.argv[10], int(sys.argv[11])
+modes = sys.argv[12].split()
 logs = os.path.join(work, "logs")
 
 def parse(label):
@@ -200,7 +208,10 @@ def same_output(a_path, b_path, ranks):
 
 small1, ns = best("small1")
 big1, nb1 = best("big1")
-bigN, nbN = best("bigN")
+byMode = {m: best("bigN-" + m) for m in modes}
+measured = [m for m in modes if byMode[m][0]]
+best_mode = min(measured, key=lambda m: byMode[m][0]["wall_s"]) if measured else modes[0]
+bigN, nbN = byMode[best_mode]
 
 print("# hk_forward multi-GPU scaling")
 print("backend %s, precision %s, case %s, chunk %s, N = %d rank(s)%s, best of %d run(s) each" % (
@@ -208,8 +219,9 @@ print("backend %s, precision %s, case %s, chunk %s, N = %d rank(s)%s, best of %d
 print("times in s: wall = hk_forward's wall time of the slowest rank; mpirun = the whole command; compute/read/write/")
 print("validate = that rank's busy time in each (they overlap); shares are of its wall time")
 print()
-hdr = "%-28s %5s %9s %8s %8s %8s %8s %8s %8s %8s %6s %9s" % (
-    "run", "ranks", "sequences", "wall", "mpirun", "compute", "read", "write", "validate", "compute%", "io%", "Mtokens/s")
+hdr = "%-34s %5s %9s %7s %7s %7s %7s %7s %7s %7s %7s %7s %6s %9s" % (
+    "run", "ranks", "sequences", "wall", "mpirun", "setup", "compute", "read", "write", "commit", "validate",
+    "comp%", "io%", "Mtokens/s")
 print(hdr)
 print("-" * len(hdr))
 tokens_per_seq = None
@@ -218,20 +230,24 @@ try:
         tokens_per_seq = f["/input/x"].shape[1]
 except Exception:
     pass
-for name, p, b, ok in (("1 rank, small (weak base)", small1, per, ns), ("1 rank, big (strong base)", big1, big, nb1),
-                       ("%d ranks, big" % n, bigN, big, nbN)):
+rows = [("1 rank, small (weak base)", small1, per, ns), ("1 rank, big (strong base)", big1, big, nb1)]
+rows += [("%d ranks, big, %s writes" % (n, m), byMode[m][0], big, byMode[m][1]) for m in modes]
+for name, p, b, ok in rows:
     if p is None:
-        print("%-28s %5s %9d   failed in every run (multigpu.log)" % (name, "", b))
+        print("%-34s %5s %9d   failed in every run (multigpu.log)" % (name, "", b))
         continue
     s = p["slowest"]
     io = s["read_s"] + s["write_s"]
     mt = (b * tokens_per_seq / p["wall_s"] / 1e6) if tokens_per_seq and p["wall_s"] > 0 else float("nan")
-    print("%-28s %5d %9d %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %7.0f%% %5.0f%% %9.2f" % (
-        name, len(p["ranks"]), b, p["wall_s"], p["mpirun_s"], s["compute_s"], s["read_s"], s["write_s"],
-        s.get("validate_s", float("nan")), 100 * s["compute_s"] / p["wall_s"], 100 * io / p["wall_s"], mt))
+    nan = float("nan")
+    print("%-34s %5d %9d %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %6.0f%% %5.0f%% %9.2f" % (
+        name, len(p["ranks"]), b, p["wall_s"], p["mpirun_s"], s.get("setup_s", nan), s["compute_s"], s["read_s"],
+        s["write_s"], s.get("commit_s", nan), s.get("validate_s", nan), 100 * s["compute_s"] / p["wall_s"],
+        100 * io / p["wall_s"], mt))
 print()
 
 ok = True
+print("N-rank figures below: the fastest write mode, %s" % best_mode)
 if big1 and bigN:
     sp = big1["wall_s"] / bigN["wall_s"]
     print("strong scaling (big file, 1 -> %d ranks): speedup %.2fx, efficiency %.1f%% (mpirun times: %.1f%%; compute only: %.1f%%)" % (
@@ -250,7 +266,7 @@ else:
     ok = False
     print("weak scaling: not measured (a configuration failed): FAIL")
 
-gpu_files = sorted(glob.glob(os.path.join(logs, "bigN.r*.gpus")))
+gpu_files = sorted(glob.glob(os.path.join(logs, "bigN-*.r*.gpus")))
 if gpu_files:
     used = set()
     for g in gpu_files:
@@ -264,7 +280,7 @@ compared = 0
 if not os.path.exists(ref):
     problems.append("no 1-rank reference output")
 for r in range(1, reps + 1):
-    for kind, ranks in (("big1", 1), ("bigN", n)):
+    for kind, ranks in [("big1", 1)] + [("bigN-" + m, n) for m in modes]:
         path = os.path.join(work, "%s.r%d.h5" % (kind, r))
         if not os.path.exists(path):
             problems.append("%s.r%d: no output" % (kind, r))

@@ -18,25 +18,29 @@ std::vector<const Backend*> backends() {
   return all;
 }
 
+const Backend& select_backend(const std::string& name) {
+  std::string known;
+  for (const Backend* b : backends()) {
+    known += (known.empty() ? "" : ", ") + b->name();
+    if (name == "auto") {
+      if (b->unavailable_reason().empty()) return *b;
+      continue;
+    }
+    if (b->name() == name) {
+      const std::string why = b->unavailable_reason();
+      if (!why.empty()) throw Error("backend '" + b->name() + "' is not usable here: " + why);
+      return *b;
+    }
+  }
+  if (name == "auto") throw Error("no usable backend in this build");
+  throw Error("unknown backend '" + name + "' (this build has: " + known + ")");
+}
+
 std::unique_ptr<Engine> make_engine(const Model& model, const EngineOptions& options) {
   model.config.validate("model");
   if (options.max_batch < 1) throw Error("max_batch must be at least 1");
   if (options.seq_len < 1) throw Error("seq_len must be at least 1");
-  std::string known;
-  for (const Backend* b : backends()) {
-    known += (known.empty() ? "" : ", ") + b->name();
-    if (options.backend == "auto") {
-      if (b->unavailable_reason().empty()) return b->create(model, options);
-      continue;
-    }
-    if (b->name() == options.backend) {
-      const std::string why = b->unavailable_reason();
-      if (!why.empty()) throw Error("backend '" + b->name() + "' is not usable here: " + why);
-      return b->create(model, options);
-    }
-  }
-  if (options.backend == "auto") throw Error("no usable backend in this build");
-  throw Error("unknown backend '" + options.backend + "' (this build has: " + known + ")");
+  return select_backend(options.backend).create(model, options);
 }
 
 }  // namespace hk

@@ -45,6 +45,9 @@ class Backend {
 
 // Every backend compiled into this build, in preference order for "auto".
 std::vector<const Backend*> backends();
+// The backend `name` ("auto": the first usable one) would run on; throws hk::Error when it is
+// unknown or not usable here (the message make_engine gives).
+const Backend& select_backend(const std::string& name);
 std::unique_ptr<Engine> make_engine(const Model& model, const EngineOptions& options);
 
 }  // namespace hk

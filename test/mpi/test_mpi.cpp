@@ -9,6 +9,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -125,6 +126,42 @@ INSTANTIATE_TEST_SUITE_P(
                       Split{4, 2, 3, "MoreRanksThanChunks"}, Split{5, 0, 2, "DefaultChunkOneChunkTwoRanks"},
                       Split{7, 1, 2, "OneSequencePerChunk"}),
     [](const ::testing::TestParamInfo<Split>& i) { return std::string(i.param.what); });
+
+// Every HK_MPIIO_WRITE mode writes the same file: uneven chunks, and a rank without chunks
+// (independent writes skip its empty write rounds). A value the knob does not take is an error
+// naming it, with no output.
+TEST_F(MpiOnly, EveryWriteModeGivesTheSameBits) {
+  ScratchDir dir;
+  write_case(dir.path("in.h5"), 10, 12);
+  const std::vector<std::string> args = {"--input", "in.h5", "--backend", "kokkos", "--precision", "fp32",
+                                         "--batch-chunk", "3"};
+  auto with_output = [&](const std::string& out) {
+    std::vector<std::string> a = args;
+    a.insert(a.end(), {"--output", out});
+    return a;
+  };
+  const ProcResult one = forward(0, dir, with_output("one.h5"));
+  ASSERT_EQ(one.status, 0) << one.err;
+  for (const char* mode : {"collective", "individual", "independent"}) {
+    for (const int np : {3, 5}) {  // 4 chunks: 5 ranks leave one without any
+      ::setenv("HK_MPIIO_WRITE", mode, 1);
+      const ProcResult many = forward(np, dir, with_output("many.h5"));
+      ::unsetenv("HK_MPIIO_WRITE");
+      ASSERT_EQ(many.status, 0) << mode << " " << np << " ranks: " << many.err;
+      expect_same_bits(dir.path("one.h5"), dir.path("many.h5"));
+      std::filesystem::remove(dir.path("many.h5"));
+    }
+  }
+  ::setenv("HK_MPIIO_WRITE", "aggregated", 1);
+  const ProcResult bad = forward(2, dir, with_output("many.h5"));
+  ::unsetenv("HK_MPIIO_WRITE");
+  EXPECT_NE(bad.status, 0);
+  const auto lines = bad.err_lines_starting("hk_forward: error: ");
+  ASSERT_EQ(lines.size(), 1u) << bad.err;
+  EXPECT_NE(lines[0].find("HK_MPIIO_WRITE must be one of"), std::string::npos) << lines[0];
+  std::filesystem::remove(dir.path("one.h5"));
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"in.h5"}) << "output or temporary files left behind";
+}
 
 // An output directory that does not exist: one clean error line naming the output, exit 1,
 // nothing created.

@@ -12,6 +12,7 @@
 
 #include "hk/error.hpp"
 #include "hk/io/h5_detail.hpp"
+#include "hk/tune/knobs.hpp"
 
 namespace hk::io {
 
@@ -46,6 +47,8 @@ struct ParallelOutputFile::Impl {
   Handle file, group, y, dxpl;
   std::vector<int64_t> dims;
   int64_t rows_written = 0;  // by this rank
+  std::string mode;          // HK_MPIIO_WRITE
+  bool independent = false;  // no write rounds: a rank writes its rows alone, empty writes are skipped
   bool committed = false;
 
   // Collective: the handles are closed by every rank together.
@@ -69,8 +72,21 @@ ParallelOutputFile::ParallelOutputFile(const std::string& path, int64_t B, int S
   struct stat st;
   const bool is_dir = rank == 0 && ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
   if (!all_ok(!is_dir, comm)) fail(path, "/", "expected a file path for the output, found a directory");
+  // The write mode (HK_MPIIO_WRITE), agreed: rank 0's value, so that every rank makes the same calls.
+  std::string mode;
+  if (rank == 0) {
+    try {
+      mode = tune::knob_choice("HK_MPIIO_WRITE", {"collective", "individual", "independent"});
+      if (mode.empty()) mode = "collective";
+    } catch (const Error& e) {
+      mode = std::string("!") + e.what();  // every rank fails with rank 0's message
+    }
+  }
+  mode = broadcast(mode, comm);
+  if (mode[0] == '!') throw Error(mode.substr(1));
   impl_ = std::make_unique<Impl>();
   Impl& m = *impl_;
+  m.mode = mode;
   m.comm = comm;
   m.rank = rank;
   m.path = path;
@@ -102,8 +118,10 @@ ParallelOutputFile::ParallelOutputFile(const std::string& path, int64_t B, int S
         H5Dcreate2(m.group.get(), "y", H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
     if (!m.y.valid()) fail_h5(path, "/output/y", "cannot create the dataset");
     m.dxpl = plist_handle(H5Pcreate(H5P_DATASET_XFER));
-    if (H5Pset_dxpl_mpio(m.dxpl.get(), H5FD_MPIO_COLLECTIVE) < 0)
-      fail_h5(path, "/output/y", "cannot select collective transfers");
+    m.independent = m.mode == "independent";
+    if (H5Pset_dxpl_mpio(m.dxpl.get(), m.independent ? H5FD_MPIO_INDEPENDENT : H5FD_MPIO_COLLECTIVE) < 0 ||
+        (m.mode == "individual" && H5Pset_dxpl_mpio_collective_opt(m.dxpl.get(), H5FD_MPIO_INDIVIDUAL_IO) < 0))
+      fail_h5(path, "/output/y", "cannot select " + m.mode + " transfers");
   } catch (...) {
     impl_.reset();  // collective close (every rank reaches this together) and removal
     throw;
@@ -139,6 +157,7 @@ void ParallelOutputFile::write(int64_t b0, int64_t nb, const float* y) {
   if (nb < 0 || b0 < 0 || b0 > m.dims[0] - nb)
     fail(m.path, "/output/y", "rows [" + std::to_string(b0) + ", " + std::to_string(b0 + nb) +
                                   ") requested, expected a range inside [0, " + std::to_string(m.dims[0]) + ")");
+  if (nb == 0 && m.independent) return;
   Handle fspace, mspace;
   if (nb > 0) {
     fspace = select_rows(m.y.get(), m.dims, b0, nb, m.path, "/output/y");
