@@ -332,6 +332,22 @@ int run(const Options& o, int* argc, char*** argv) {
   const hk::app::LaunchInfo launch = hk::app::launch_info();
   std::unique_ptr<hk::app::ValidationChild> child;
   const auto interrupted = [] { return g_interrupted != 0; };
+  // CUDA's start-up (driver, and the context of the device this rank will use: a few tenths of a
+  // second) runs on its own thread beside the validation child's first checks, MPI's start-up,
+  // the model read and the chunk sizing (which asks NVML for the free memory: no context needed);
+  // the engine then finds the context made. Started after the fork: the child must not inherit
+  // threads. Not when the device is not known yet (a launcher that does not say the local rank).
+  std::future<hk::app::DeviceMemory> early_device;
+  const auto start_early_device = [&] {
+    if (!HK_HAVE_CUDA || o.backend == "kokkos") return;
+    const bool by_rank = !o.device_given && launch.launched;
+    if (by_rank && launch.local_rank < 0) return;
+    early_device = std::async(std::launch::async, [&o, launch, by_rank] {
+      const int gpus = hk::app::cuda_device_count();
+      if (gpus < 1) return hk::app::DeviceMemory{};
+      return hk::app::device_memory(by_rank ? launch.local_rank % gpus : o.device);
+    });
+  };
   try {
     if (input.empty()) input = hk::app::find_data_file("sample.h5");
     model_path = o.model.empty() ? input : o.model;
@@ -343,23 +359,12 @@ int run(const Options& o, int* argc, char*** argv) {
       const size_t child_bytes = mem_cap > 0 ? size_t(mem_cap / 8) : kChildBufferBytes;
       child = std::make_unique<hk::app::ValidationChild>(model_path, input, o.validate_timeout, launch.size > 1,
                                                          child_bytes);
-      child->wait_header(interrupted);  // the model and the input's shapes and lengths
     }
+    start_early_device();
+    if (child) child->wait_header(interrupted);  // the model and the input's shapes and lengths
   } catch (const hk::Error& e) {
     setup_error = e.what();
   }
-
-  // CUDA's start-up (driver, and the context of the device this rank will use: a few tenths of a
-  // second) runs beside MPI's start-up, the model read and the opening of the input. Started
-  // after the fork above: the child must not inherit threads.
-  std::future<hk::app::DeviceMemory> early_device;
-  if (HK_HAVE_CUDA && setup_error.empty() && o.backend != "kokkos")
-    early_device = std::async(std::launch::async, [&o, launch] {
-      const int gpus = hk::app::cuda_device_count();
-      if (gpus < 1) return hk::app::DeviceMemory{};
-      const bool by_rank = !o.device_given && launch.launched && launch.local_rank >= 0;
-      return hk::app::device_memory(by_rank ? launch.local_rank % gpus : o.device);
-    });
 
   hk::app::Job job(argc, argv);
   auto agree = [&](const std::string& err) {
@@ -387,8 +392,9 @@ int run(const Options& o, int* argc, char*** argv) {
       const int gpus = hk::app::cuda_device_count();
       if (!o.device_given && job.mpi() && gpus > 0) device = job.local_rank() % gpus;
       if (gpus > 0) ranks_per_device = (job.local_size() + gpus - 1) / gpus;
-      if (early_device.valid()) dev = early_device.get();
-      if (dev.device != device) dev = hk::app::device_memory(device);
+      dev = hk::app::device_memory_nvml(device);
+      if (!dev.known && early_device.valid()) dev = early_device.get();
+      if (!dev.known || dev.device != device) dev = hk::app::device_memory(device);
     }
     sizing = size_chunks(model->config, in->seq_len(), in->batch(), in->x_type() == hk::io::DType::float16,
                          hk::precision_from_string(o.precision), backend_name, mem_cap, dev, ranks_per_device);
@@ -595,14 +601,19 @@ int run(const Options& o, int* argc, char*** argv) {
                 engine->backend().c_str(), engine->device().c_str(), hk::to_string(engine->precision()),
                 job.size() > 1 ? (", " + std::to_string(job.size()) + " ranks").c_str() : "", output.c_str());
   }
+  // The engine's teardown (device memory, graphs, library handles), timed for --stats; the CUDA
+  // context itself goes at process exit.
+  const auto t_release = clock::now();
+  engine.reset();
+  const double release_s = std::chrono::duration<double>(clock::now() - t_release).count();
   if (o.stats) {
     std::printf("%s: stats: rank=%d ranks=%d chunk=%lld chunks=%lld local_chunks=%lld mem_cap=%lld "
                 "peak_rss_kib=%lld read_s=%.3f compute_s=%.3f write_s=%.3f wall_s=%.3f setup_s=%.3f engine_s=%.3f "
-                "engine_wait_s=%.3f pin_s=%.3f check_s=%.3f commit_s=%.3f%s\n",
+                "engine_wait_s=%.3f pin_s=%.3f check_s=%.3f commit_s=%.3f release_s=%.3f%s\n",
                 kProgram, job.rank(), job.size(), (long long)chunk, (long long)n_chunks,
                 (long long)grid.local_chunks(), (long long)mem_cap, (long long)peak_rss_kib(), st.read_s, st.compute_s,
                 st.write_s, total_s, std::chrono::duration<double>(t_loop - t0).count(), engine_s, st.prepare_s,
-                st.pin_s, check_s, commit_s, validation_stats().c_str());
+                st.pin_s, check_s, commit_s, release_s, validation_stats().c_str());
   }
   std::fflush(stdout);
   return 0;

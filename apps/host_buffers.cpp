@@ -9,6 +9,7 @@
 
 #if HK_HAVE_CUDA
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #endif
 
 namespace hk::app {
@@ -103,6 +104,54 @@ DeviceMemory device_memory(int device) {
     return m;
   }
   m.known = true;
+#else
+  (void)device;
+#endif
+  return m;
+}
+
+#if HK_HAVE_CUDA
+namespace {
+// The few NVML entry points used, declared here (their C ABI is stable since NVML 5; the header
+// is not part of the CUDA toolkit's runtime packages). Return 0 = NVML_SUCCESS.
+struct NvmlMemory {
+  unsigned long long total, free, used;
+};
+using NvmlDevice = void*;
+using NvmlInit = int (*)();
+using NvmlByBusId = int (*)(const char*, NvmlDevice*);
+using NvmlMemoryInfo = int (*)(NvmlDevice, NvmlMemory*);
+using NvmlShutdown = int (*)();
+}  // namespace
+#endif
+
+DeviceMemory device_memory_nvml(int device) {
+  DeviceMemory m;
+#if HK_HAVE_CUDA
+  m.device_count = cuda_device_count();
+  m.device = device;
+  char bus[32] = {0};
+  if (device < 0 || device >= m.device_count || cudaDeviceGetPCIBusId(bus, int(sizeof bus), device) != cudaSuccess) {
+    cudaGetLastError();
+    return m;
+  }
+  void* lib = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return m;
+  const auto init = reinterpret_cast<NvmlInit>(::dlsym(lib, "nvmlInit_v2"));
+  const auto by_bus = reinterpret_cast<NvmlByBusId>(::dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
+  const auto info = reinterpret_cast<NvmlMemoryInfo>(::dlsym(lib, "nvmlDeviceGetMemoryInfo"));
+  const auto shutdown = reinterpret_cast<NvmlShutdown>(::dlsym(lib, "nvmlShutdown"));
+  if (init && by_bus && info && shutdown && init() == 0) {
+    NvmlDevice d = nullptr;
+    NvmlMemory mem{};
+    if (by_bus(bus, &d) == 0 && info(d, &mem) == 0 && mem.total > 0) {
+      m.free = size_t(mem.free);
+      m.total = size_t(mem.total);
+      m.known = true;
+    }
+    shutdown();
+  }
+  ::dlclose(lib);
 #else
   (void)device;
 #endif

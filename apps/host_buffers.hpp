@@ -59,6 +59,10 @@ struct DeviceMemory {
 };
 // cudaMemGetInfo on `device` (selects it for the calling thread; creates its context).
 DeviceMemory device_memory(int device);
+// The same figures from NVML (the driver's management library, loaded at run time), found by the
+// device's PCI bus id: no CUDA context is made, so this is fast while another thread creates
+// one. known = false when NVML is missing or does not answer (then use device_memory).
+DeviceMemory device_memory_nvml(int device);
 // Number of CUDA devices visible to this process (0 without CUDA).
 int cuda_device_count();
 

@@ -124,6 +124,16 @@ std::string durable_rename(const std::string& temp, const std::string& path) {
   return "";
 }
 
+WriteBack::WriteBack(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {}
+
+WriteBack::~WriteBack() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void WriteBack::start() const noexcept {
+  if (fd_ >= 0) ::sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
+}
+
 Handle file_creation_props() {
   Handle fcpl = plist_handle(H5Pcreate(H5P_FILE_CREATE));
   H5Pset_obj_track_times(fcpl.get(), 0);

@@ -33,6 +33,23 @@ std::string one_line(const std::string& s, size_t max_len = 200);
 // success, else why not (one line). rename() alone may expose a file whose data is not on disk.
 std::string durable_rename(const std::string& temp, const std::string& path);
 
+// Starts the kernel's write-back of a file being written (sync_file_range, SYNC_FILE_RANGE_WRITE:
+// asynchronous, best effort), so that the fsync of the commit finds most of the data on disk
+// already instead of writing it all then. Opened on the temporary file once it exists; every
+// failure only means the commit's fsync does the whole work.
+class WriteBack {
+ public:
+  WriteBack() = default;
+  explicit WriteBack(const std::string& path);
+  ~WriteBack();
+  WriteBack(const WriteBack&) = delete;
+  WriteBack& operator=(const WriteBack&) = delete;
+  void start() const noexcept;  // write-back of every dirty page of the file
+
+ private:
+  int fd_ = -1;
+};
+
 std::string shape_string(const std::vector<int64_t>& dims);
 std::string index_string(const std::vector<int64_t>& index);
 

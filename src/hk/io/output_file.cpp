@@ -24,6 +24,7 @@ struct OutputFile::Impl {
   int64_t next_row = 0;
   size_t cache_bytes = 0;
   bool committed = false;
+  std::unique_ptr<WriteBack> write_back;  // after each chunk: the disk write starts now, not at commit
 
   ~Impl() {
     if (committed) return;
@@ -67,6 +68,7 @@ void OutputFile::create() {
     fail_h5(path, "/", "cannot create the temporary output file " + m.temp + " (" + std::strerror(err) + ")");
   }
   m.file = file_handle(f);
+  m.write_back = std::make_unique<WriteBack>(m.temp);
   m.group = require_group(m.file.get(), path, "/output");
   Handle space = simple_space(m.dims, path, "/output/y");
   Handle dcpl = dataset_creation(chunk_dims(m.dims, sizeof(float)));
@@ -96,7 +98,7 @@ void OutputFile::set_attribute(const std::string& name, const std::string& value
 }
 
 void OutputFile::write(int64_t b0, int64_t nb, const float* y) {
-  std::lock_guard<std::recursive_mutex> lock(h5_mutex());
+  std::unique_lock<std::recursive_mutex> lock(h5_mutex());
   init();
   Impl& m = *impl_;
   if (m.committed) throw Error(m.path + ": /output/y: already committed, cannot write");
@@ -111,6 +113,12 @@ void OutputFile::write(int64_t b0, int64_t nb, const float* y) {
     fail_h5(m.path, "/output/y", "cannot write rows [" + std::to_string(b0) + ", " + std::to_string(b0 + nb) +
                                      ") (disk full?)");
   m.next_row = b0 + nb;
+  // The write-back request may wait for the device queue: not under the HDF5 lock. Every HDF5
+  // handle of this call is closed first (the lock guards their release too).
+  fspace.close();
+  mspace.close();
+  lock.unlock();
+  m.write_back->start();
 }
 
 void OutputFile::commit() {
@@ -124,6 +132,7 @@ void OutputFile::commit() {
   const bool closed = m.y.close() && m.group.close() && H5Fflush(m.file.get(), H5F_SCOPE_GLOBAL) >= 0 &&
                       m.file.close();
   if (!closed) fail_h5(m.path, "/", "cannot flush and close the temporary output file " + m.temp + " (disk full?)");
+  m.write_back.reset();
   const std::string why = durable_rename(m.temp, m.path);
   if (!why.empty()) fail(m.path, "/", why);
   m.committed = true;

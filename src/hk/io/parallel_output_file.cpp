@@ -48,6 +48,7 @@ struct ParallelOutputFile::Impl {
   std::vector<int64_t> dims;
   int64_t rows_written = 0;  // by this rank
   std::string mode;          // HK_MPIIO_WRITE
+  std::unique_ptr<WriteBack> write_back;  // this rank's request to start the disk write after each chunk
   bool independent = false;  // no write rounds: a rank writes its rows alone, empty writes are skipped
   bool committed = false;
 
@@ -106,6 +107,7 @@ ParallelOutputFile::ParallelOutputFile(const std::string& path, int64_t B, int S
                              (err ? std::strerror(err) : "failed on some rank") + ")");
     }
     m.file = file_handle(f);
+    m.write_back = std::make_unique<WriteBack>(m.temp);
     m.group = require_group(m.file.get(), path, "/output");
     Handle space = simple_space(m.dims, path, "/output/y");
     // Contiguous: each rank's rows are one byte range of the file, which MPI-IO aggregates best;
@@ -150,7 +152,7 @@ void ParallelOutputFile::set_attribute(const std::string& name, const std::strin
 }
 
 void ParallelOutputFile::write(int64_t b0, int64_t nb, const float* y) {
-  std::lock_guard<std::recursive_mutex> lock(h5_mutex());
+  std::unique_lock<std::recursive_mutex> lock(h5_mutex());
   init();
   Impl& m = *impl_;
   if (m.committed) throw Error(m.path + ": /output/y: already committed, cannot write");
@@ -174,6 +176,10 @@ void ParallelOutputFile::write(int64_t b0, int64_t nb, const float* y) {
     fail_h5(m.path, "/output/y", "cannot write rows [" + std::to_string(b0) + ", " + std::to_string(b0 + nb) +
                                      ") (disk full?)");
   m.rows_written += nb;
+  fspace.close();  // HDF5 handles are released under the lock, the write-back request outside it
+  mspace.close();
+  lock.unlock();
+  if (nb > 0) m.write_back->start();
 }
 
 void ParallelOutputFile::commit() {
@@ -189,6 +195,7 @@ void ParallelOutputFile::commit() {
   // Collective flush and close (MPI_File_sync + close underneath), then one rank makes it durable
   // and visible.
   m.dxpl.close();
+  m.write_back.reset();
   const bool closed = m.y.close() && m.group.close() && H5Fflush(m.file.get(), H5F_SCOPE_GLOBAL) >= 0 &&
                       m.file.close();
   if (!all_ok(closed, m.comm))
