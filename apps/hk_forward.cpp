@@ -337,15 +337,21 @@ int run(const Options& o, int* argc, char*** argv) {
   // the model read and the chunk sizing (which asks NVML for the free memory: no context needed);
   // the engine then finds the context made. Started after the fork: the child must not inherit
   // threads. Not when the device is not known yet (a launcher that does not say the local rank).
+  // Two answers come from that thread: NVML's free memory first (for the chunk sizing), then
+  // the context's (cudaMemGetInfo, once it exists).
+  std::promise<hk::app::DeviceMemory> nvml_promise;
+  std::future<hk::app::DeviceMemory> early_nvml;
   std::future<hk::app::DeviceMemory> early_device;
   const auto start_early_device = [&] {
     if (!HK_HAVE_CUDA || o.backend == "kokkos") return;
     const bool by_rank = !o.device_given && launch.launched;
     if (by_rank && launch.local_rank < 0) return;
-    early_device = std::async(std::launch::async, [&o, launch, by_rank] {
+    early_nvml = nvml_promise.get_future();
+    early_device = std::async(std::launch::async, [&o, launch, by_rank, &nvml_promise] {
       const int gpus = hk::app::cuda_device_count();
-      if (gpus < 1) return hk::app::DeviceMemory{};
-      return hk::app::device_memory(by_rank ? launch.local_rank % gpus : o.device);
+      const int d = gpus < 1 ? -1 : by_rank ? launch.local_rank % gpus : o.device;
+      nvml_promise.set_value(d < 0 ? hk::app::DeviceMemory{} : hk::app::device_memory_nvml(d));
+      return d < 0 ? hk::app::DeviceMemory{} : hk::app::device_memory(d);
     });
   };
   try {
@@ -365,6 +371,8 @@ int run(const Options& o, int* argc, char*** argv) {
   } catch (const hk::Error& e) {
     setup_error = e.what();
   }
+  const double header_s = std::chrono::duration<double>(clock::now() - t0).count();
+  double device_query_s = 0, output_s = 0;  // --stats: parts of the set-up
 
   hk::app::Job job(argc, argv);
   auto agree = [&](const std::string& err) {
@@ -392,9 +400,12 @@ int run(const Options& o, int* argc, char*** argv) {
       const int gpus = hk::app::cuda_device_count();
       if (!o.device_given && job.mpi() && gpus > 0) device = job.local_rank() % gpus;
       if (gpus > 0) ranks_per_device = (job.local_size() + gpus - 1) / gpus;
-      dev = hk::app::device_memory_nvml(device);
+      const auto t_query = clock::now();
+      if (early_nvml.valid()) dev = early_nvml.get();
+      if (!dev.known || dev.device != device) dev = hk::app::device_memory_nvml(device);
       if (!dev.known && early_device.valid()) dev = early_device.get();
       if (!dev.known || dev.device != device) dev = hk::app::device_memory(device);
+      device_query_s = std::chrono::duration<double>(clock::now() - t_query).count();
     }
     sizing = size_chunks(model->config, in->seq_len(), in->batch(), in->x_type() == hk::io::DType::float16,
                          hk::precision_from_string(o.precision), backend_name, mem_cap, dev, ranks_per_device);
@@ -405,7 +416,7 @@ int run(const Options& o, int* argc, char*** argv) {
     if (sizing.chunk > std::numeric_limits<int>::max())
       throw hk::Error("--batch-chunk " + std::to_string(sizing.chunk) + " is too large (at most 2^31-1 sequences)");
     // The parallel output's write mode, checked here so that a bad value is one agreed error.
-    if (job.size() > 1) hk::tune::knob_choice("HK_MPIIO_WRITE", {"collective", "individual", "independent"});
+    if (job.size() > 1) hk::tune::knob_choice("HK_MPIIO_WRITE", {"independent", "collective", "individual"});
     // The ranks create the output together; a directory they cannot write is found here, before
     // anything collective, so that it is one clean error.
     if (job.size() > 1 && job.rank() == 0 && !o.explain) {
@@ -530,7 +541,9 @@ int run(const Options& o, int* argc, char*** argv) {
   const auto t_loop = clock::now();
   double commit_s = 0, check_s = 0;  // check_s: the compute stage's finiteness scan of y
   try {
+    const auto t_output = clock::now();
     out = std::make_unique<Output>(output, B, S, D, sizing.cache_bytes, job);
+    output_s = std::chrono::duration<double>(clock::now() - t_output).count();
 
     const bool has_lengths = in->has_lengths();
     const int64_t local_tokens = std::max<int64_t>(1, [&] {
@@ -608,11 +621,13 @@ int run(const Options& o, int* argc, char*** argv) {
   const double release_s = std::chrono::duration<double>(clock::now() - t_release).count();
   if (o.stats) {
     std::printf("%s: stats: rank=%d ranks=%d chunk=%lld chunks=%lld local_chunks=%lld mem_cap=%lld "
-                "peak_rss_kib=%lld read_s=%.3f compute_s=%.3f write_s=%.3f wall_s=%.3f setup_s=%.3f engine_s=%.3f "
+                "peak_rss_kib=%lld read_s=%.3f compute_s=%.3f write_s=%.3f wall_s=%.3f setup_s=%.3f header_s=%.3f "
+                "device_query_s=%.3f output_s=%.3f engine_s=%.3f "
                 "engine_wait_s=%.3f pin_s=%.3f check_s=%.3f commit_s=%.3f release_s=%.3f%s\n",
                 kProgram, job.rank(), job.size(), (long long)chunk, (long long)n_chunks,
                 (long long)grid.local_chunks(), (long long)mem_cap, (long long)peak_rss_kib(), st.read_s, st.compute_s,
-                st.write_s, total_s, std::chrono::duration<double>(t_loop - t0).count(), engine_s, st.prepare_s,
+                st.write_s, total_s, std::chrono::duration<double>(t_loop - t0).count(), header_s, device_query_s,
+                output_s, engine_s, st.prepare_s,
                 st.pin_s, check_s, commit_s, release_s, validation_stats().c_str());
   }
   std::fflush(stdout);

@@ -77,8 +77,8 @@ ParallelOutputFile::ParallelOutputFile(const std::string& path, int64_t B, int S
   std::string mode;
   if (rank == 0) {
     try {
-      mode = tune::knob_choice("HK_MPIIO_WRITE", {"collective", "individual", "independent"});
-      if (mode.empty()) mode = "collective";
+      mode = tune::knob_choice("HK_MPIIO_WRITE", {"independent", "collective", "individual"});
+      if (mode.empty()) mode = "independent";
     } catch (const Error& e) {
       mode = std::string("!") + e.what();  // every rank fails with rank 0's message
     }

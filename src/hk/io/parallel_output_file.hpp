@@ -8,9 +8,10 @@
 // Every member function except path(), temp_path() and discard() is collective over the
 // communicator: all ranks call it, in the same order. write() is one collective hyperslab write
 // in which each rank passes its own rows (or none); the rows of the ranks may lie anywhere.
-// HK_MPIIO_WRITE (rank 0's value counts) picks how: collective (two-phase MPI-IO, the default),
-// individual (collective HDF5 call, each rank's own MPI-IO write underneath) or independent
-// (write() is then not collective: a rank writes its rows alone and nb = 0 does nothing).
+// HK_MPIIO_WRITE (rank 0's value counts) picks how: independent (the default: write() is then
+// not collective, a rank writes its rows alone and nb = 0 does nothing; a chunk is one contiguous
+// byte range, which two-phase aggregation only reshuffles), collective (two-phase MPI-IO) or
+// individual (collective HDF5 call, each rank's own MPI-IO write underneath).
 #pragma once
 
 #include <mpi.h>

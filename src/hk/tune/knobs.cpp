@@ -48,11 +48,12 @@ const std::vector<Knob>& knobs() {
        "packed by the first LayerNorm, GEMMs and row kernels on them, scattered back by the final LayerNorm. "
        "auto: when the packed rows (bucketed to B*S/32) are at most 85% of B*S and B*S >= 4096; 1: always; "
        "0: never (the dense plan)."},
-      {"HK_MPIIO_WRITE", "collective|individual|independent", "collective", "io",
-       "How the ranks of an MPI job write /output/y through parallel HDF5. collective: collective MPI-IO "
-       "(two-phase: aggregator ranks gather neighbouring rows and write them); individual: the same collective "
-       "HDF5 calls, each rank writing its own rows underneath; independent: each rank writes its chunks when "
-       "they are ready, with no write rounds shared between ranks. The bits of the file are the same."},
+      {"HK_MPIIO_WRITE", "independent|collective|individual", "independent", "io",
+       "How the ranks of an MPI job write /output/y through parallel HDF5. independent: each rank writes its "
+       "chunks (contiguous row ranges) when they are ready, with no write rounds shared between ranks; "
+       "collective: collective MPI-IO (two-phase: aggregator ranks gather neighbouring rows and write them); "
+       "individual: the same collective HDF5 calls, each rank writing its own rows underneath. The bits of the "
+       "file are the same; independent measured fastest (perf/RESULTS.md)."},
       {"HK_CUDA_POISON", "0|1", "0", "tests",
        "1: fill the CUDA engine's arena with NaN at construction so a read of an unwritten element reaches "
        "the output."},
