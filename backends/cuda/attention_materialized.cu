@@ -11,6 +11,7 @@
 // P overwrites the first half of its own fp32 score row, hence its leading dimension 2*LS halves.
 #include "attention_materialized.cuh"
 
+#include "cublaslt_api.hpp"
 #include "common.cuh"
 #include "gemm_cublaslt.cuh"  // HK_CUBLAS_CHECK
 
@@ -159,13 +160,13 @@ bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u
 cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int batch,
                                    int64_t batch_stride) {
   cublasLtMatrixLayout_t l = nullptr;
-  HK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, uint64_t(rows), uint64_t(cols), ld));
+  HK_CUBLAS_CHECK(lt::api().MatrixLayoutCreate(&l, type, uint64_t(rows), uint64_t(cols), ld));
   try {
-    HK_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
-    HK_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride,
+    HK_CUBLAS_CHECK(lt::api().MatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
+    HK_CUBLAS_CHECK(lt::api().MatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride,
                                                      sizeof(batch_stride)));
   } catch (...) {
-    cublasLtMatrixLayoutDestroy(l);
+    lt::api().MatrixLayoutDestroy(l);
     throw;
   }
   return l;
@@ -173,12 +174,12 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
 
 cublasLtMatmulDesc_t make_desc(cublasOperation_t ta, cublasOperation_t tb) {
   cublasLtMatmulDesc_t d = nullptr;
-  HK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  HK_CUBLAS_CHECK(lt::api().MatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   try {
-    HK_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    HK_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    HK_CUBLAS_CHECK(lt::api().MatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    HK_CUBLAS_CHECK(lt::api().MatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   } catch (...) {
-    cublasLtMatmulDescDestroy(d);
+    lt::api().MatmulDescDestroy(d);
     throw;
   }
   return d;
@@ -188,7 +189,7 @@ template <class T>
 T algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
   T v{};
   size_t written = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS) return T{};
+  if (lt::api().MatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS) return T{};
   return v;
 }
 
@@ -232,9 +233,9 @@ struct MaterializedAttention::Plan {
   cublasLtMatmulHeuristicResult_t qk_algo{}, pv_algo{};
   ~Plan() {
     for (cublasLtMatmulDesc_t d : {qk, pv})
-      if (d) cublasLtMatmulDescDestroy(d);
+      if (d) lt::api().MatmulDescDestroy(d);
     for (cublasLtMatrixLayout_t l : {k, q, s, v, pm, o})
-      if (l) cublasLtMatrixLayoutDestroy(l);
+      if (l) lt::api().MatrixLayoutDestroy(l);
   }
 };
 
@@ -249,14 +250,14 @@ MaterializedAttention::Key MaterializedAttention::key_of(const AttentionParams& 
 
 MaterializedAttention::MaterializedAttention(cublasLtHandle_t lt) : lt_(lt) {
   if (!lt_) {
-    HK_CUBLAS_CHECK(cublasLtCreate(&lt_));
+    HK_CUBLAS_CHECK(lt::api().Create(&lt_));
     own_handle_ = true;
   }
 }
 
 MaterializedAttention::~MaterializedAttention() {
   plans_.clear();
-  if (own_handle_) cublasLtDestroy(lt_);
+  if (own_handle_) lt::api().Destroy(lt_);
 }
 
 bool MaterializedAttention::prepared(const AttentionParams& p) const { return plans_.count(key_of(p)) != 0; }
@@ -287,23 +288,23 @@ bool MaterializedAttention::prepare(const AttentionParams& p, std::string* why_n
   P.o = make_layout(CUDA_R_16F, hd, S, O, p.B, S * O);
 
   cublasLtMatmulPreference_t pref = nullptr;
-  HK_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  HK_CUBLAS_CHECK(lt::api().MatmulPreferenceCreate(&pref));
   std::string why;
   try {
     const uint64_t ws = kMaterializedLtWorkspaceBytes;
-    HK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    HK_CUBLAS_CHECK(lt::api().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     // Per-head column offsets of qkv and out are only 16-byte aligned (hd a multiple of 8).
     const uint32_t align = 16;
     for (cublasLtMatmulPreferenceAttributes_t a :
          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
           CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-      HK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, a, &align, sizeof(align)));
+      HK_CUBLAS_CHECK(lt::api().MatmulPreferenceSetAttribute(pref, a, &align, sizeof(align)));
     auto pick = [&](cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                     cublasLtMatrixLayout_t c, cublasLtMatmulHeuristicResult_t& out, const char* what) {
       std::vector<cublasLtMatmulHeuristicResult_t> found(4);
       int count = 0;
       const cublasStatus_t st =
-          cublasLtMatmulAlgoGetHeuristic(lt_, d, a, b, c, c, pref, int(found.size()), found.data(), &count);
+          lt::api().MatmulAlgoGetHeuristic(lt_, d, a, b, c, c, pref, int(found.size()), found.data(), &count);
       if (st != CUBLAS_STATUS_NOT_SUPPORTED) HK_CUBLAS_CHECK(st);
       for (int i = 0; i < count && st == CUBLAS_STATUS_SUCCESS; ++i)
         if (found[size_t(i)].state == CUBLAS_STATUS_SUCCESS && found[size_t(i)].workspaceSize <= ws) {
@@ -314,10 +315,10 @@ bool MaterializedAttention::prepare(const AttentionParams& p, std::string* why_n
       return false;
     };
     const bool ok = pick(P.qk, P.k, P.q, P.s, P.qk_algo, "QK^T") && pick(P.pv, P.v, P.pm, P.o, P.pv_algo, "P V");
-    cublasLtMatmulPreferenceDestroy(pref);
+    lt::api().MatmulPreferenceDestroy(pref);
     if (!ok) return fail(why);
   } catch (...) {
-    cublasLtMatmulPreferenceDestroy(pref);
+    lt::api().MatmulPreferenceDestroy(pref);
     throw;
   }
   plans_.emplace(key, std::move(plan));
@@ -341,7 +342,7 @@ void MaterializedAttention::run(const AttentionParams& p, void* workspace, cudaS
 
   for (int h = 0; h < p.H; ++h) {
     float* s = scores + h * head_scores;
-    HK_CUBLAS_CHECK(cublasLtMatmul(lt_, P.qk, &alpha_qk, qkv + D + h * hd, P.k, qkv + h * hd, P.q, &zero, s, P.s, s,
+    HK_CUBLAS_CHECK(lt::api().Matmul(lt_, P.qk, &alpha_qk, qkv + D + h * hd, P.k, qkv + h * hd, P.q, &zero, s, P.s, s,
                                    P.s, &P.qk_algo.algo, lt_ws, kMaterializedLtWorkspaceBytes, stream));
   }
   SoftmaxArgs a;
@@ -356,7 +357,7 @@ void MaterializedAttention::run(const AttentionParams& p, void* workspace, cudaS
   for (int h = 0; h < p.H; ++h) {
     const __half* pm = reinterpret_cast<const __half*>(scores + h * head_scores);
     __half* o = out + h * hd;
-    HK_CUBLAS_CHECK(cublasLtMatmul(lt_, P.pv, &one, qkv + 2 * D + h * hd, P.v, pm, P.pm, &zero, o, P.o, o, P.o,
+    HK_CUBLAS_CHECK(lt::api().Matmul(lt_, P.pv, &one, qkv + 2 * D + h * hd, P.v, pm, P.pm, &zero, o, P.o, o, P.o,
                                    &P.pv_algo.algo, lt_ws, kMaterializedLtWorkspaceBytes, stream));
   }
 }

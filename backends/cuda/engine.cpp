@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "cublaslt_api.hpp"
 #include "arena.hpp"
 #include "attention_route.hpp"
 #include "common.cuh"
@@ -393,7 +394,7 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
     HK_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream, cudaStreamNonBlocking));
     HK_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     HK_CUDA_CHECK(cudaEventCreateWithFlags(&caller, cudaEventDisableTiming));
-    HK_CUBLAS_CHECK(cublasLtCreate(&lt));
+    HK_CUBLAS_CHECK(lt::api().Create(&lt));
     weights = std::make_unique<DeviceWeights>(model, precision);
     // The [K, N] copies cost one more set of GEMM weights: only when the layout may be chosen.
     if (pin_layout == "kn" || (routes.tune && pin_layout.empty())) make_kn_weights(model);
@@ -453,7 +454,7 @@ void CudaEngine::Impl::release() noexcept {
   persistent.reset();
 #endif
   timer.reset();
-  if (lt) cublasLtDestroy(lt);
+  if (lt) lt::api().Destroy(lt);
   lt = nullptr;
   if (done) cudaEventDestroy(done);
   if (caller) cudaEventDestroy(caller);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "cublaslt_api.hpp"
 #include "common.cuh"
 
 namespace hk::cuda {
@@ -19,7 +20,7 @@ template <class T>
 T algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
   T v{};
   size_t written = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS)
+  if (lt::api().MatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS)
     return T{};
   return v;
 }
@@ -38,7 +39,7 @@ const char* to_string(GemmEpilogue e) {
 void check_cublas(cublasStatus_t s, const char* what, const char* file, int line) {
   if (s != CUBLAS_STATUS_SUCCESS)
     throw CudaError(std::string("cuBLASLt error in ") + what + " (" + file + ":" + std::to_string(line) +
-                    "): " + cublasLtGetStatusString(s));
+                    "): " + lt::api().GetStatusString(s));
 }
 
 LtGemm::LtGemm(cublasLtHandle_t lt, const GemmShape& shape, const void* bias_example,
@@ -56,61 +57,61 @@ LtGemm::LtGemm(cublasLtHandle_t lt, const GemmShape& shape, const void* bias_exa
   cublasLtMatmulPreference_t pref = nullptr;
   try {
     if (shape.weight_kn) {  // row-major [k, n] is column-major n x k (ld n), used untransposed
-      HK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_, ab, uint64_t(shape.n), uint64_t(shape.k), int64_t(shape.n)));
+      HK_CUBLAS_CHECK(lt::api().MatrixLayoutCreate(&a_, ab, uint64_t(shape.n), uint64_t(shape.k), int64_t(shape.n)));
     } else {
-      HK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_, ab, uint64_t(shape.k), uint64_t(shape.n), int64_t(shape.k)));
+      HK_CUBLAS_CHECK(lt::api().MatrixLayoutCreate(&a_, ab, uint64_t(shape.k), uint64_t(shape.n), int64_t(shape.k)));
     }
-    HK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_, ab, uint64_t(shape.k), uint64_t(shape.rows), int64_t(shape.k)));
-    HK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c_, cd, uint64_t(shape.n), uint64_t(shape.rows), int64_t(shape.n)));
+    HK_CUBLAS_CHECK(lt::api().MatrixLayoutCreate(&b_, ab, uint64_t(shape.k), uint64_t(shape.rows), int64_t(shape.k)));
+    HK_CUBLAS_CHECK(lt::api().MatrixLayoutCreate(&c_, cd, uint64_t(shape.n), uint64_t(shape.rows), int64_t(shape.n)));
     probe = make_desc(bias_example);
-    HK_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    HK_CUBLAS_CHECK(lt::api().MatmulPreferenceCreate(&pref));
     const uint64_t ws = workspace_bytes;
-    HK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    HK_CUBLAS_CHECK(lt::api().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     if (shape.epilogue == GemmEpilogue::bias_residual) {
       // The residual input of layer 0 is the caller's x, guaranteed only 16-byte aligned.
       const uint32_t c_align = residual_align;
-      HK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+      HK_CUBLAS_CHECK(lt::api().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
                                                            &c_align, sizeof(c_align)));
     }
     std::vector<cublasLtMatmulHeuristicResult_t> found(size_t(top_k > 0 ? top_k : 1));
     int count = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, probe, a_, b_, c_, c_, pref, int(found.size()),
+    const cublasStatus_t st = lt::api().MatmulAlgoGetHeuristic(lt_, probe, a_, b_, c_, c_, pref, int(found.size()),
                                                              found.data(), &count);
     // NOT_SUPPORTED means "no algorithm for this problem": available() reports it.
     if (st != CUBLAS_STATUS_NOT_SUPPORTED) HK_CUBLAS_CHECK(st);
     for (int i = 0; i < count && st == CUBLAS_STATUS_SUCCESS; ++i)
       if (found[size_t(i)].state == CUBLAS_STATUS_SUCCESS) candidates_.push_back(found[size_t(i)]);
   } catch (...) {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (probe) cublasLtMatmulDescDestroy(probe);
-    if (a_) cublasLtMatrixLayoutDestroy(a_);
-    if (b_) cublasLtMatrixLayoutDestroy(b_);
-    if (c_) cublasLtMatrixLayoutDestroy(c_);
+    if (pref) lt::api().MatmulPreferenceDestroy(pref);
+    if (probe) lt::api().MatmulDescDestroy(probe);
+    if (a_) lt::api().MatrixLayoutDestroy(a_);
+    if (b_) lt::api().MatrixLayoutDestroy(b_);
+    if (c_) lt::api().MatrixLayoutDestroy(c_);
     throw;
   }
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatmulDescDestroy(probe);
+  lt::api().MatmulPreferenceDestroy(pref);
+  lt::api().MatmulDescDestroy(probe);
 }
 
 LtGemm::~LtGemm() {
-  for (auto d : descs_) cublasLtMatmulDescDestroy(d);
-  if (a_) cublasLtMatrixLayoutDestroy(a_);
-  if (b_) cublasLtMatrixLayoutDestroy(b_);
-  if (c_) cublasLtMatrixLayoutDestroy(c_);
+  for (auto d : descs_) lt::api().MatmulDescDestroy(d);
+  if (a_) lt::api().MatrixLayoutDestroy(a_);
+  if (b_) lt::api().MatrixLayoutDestroy(b_);
+  if (c_) lt::api().MatrixLayoutDestroy(c_);
 }
 
 cublasLtMatmulDesc_t LtGemm::make_desc(const void* bias) const {
   cublasLtMatmulDesc_t d = nullptr;
-  HK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  HK_CUBLAS_CHECK(lt::api().MatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   try {
     const cublasOperation_t ta = shape_.weight_kn ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
     const cublasLtEpilogue_t epi = lt_epilogue(shape_.epilogue);
-    HK_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    HK_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    HK_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    HK_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    HK_CUBLAS_CHECK(lt::api().MatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    HK_CUBLAS_CHECK(lt::api().MatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    HK_CUBLAS_CHECK(lt::api().MatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    HK_CUBLAS_CHECK(lt::api().MatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   } catch (...) {
-    cublasLtMatmulDescDestroy(d);
+    lt::api().MatmulDescDestroy(d);
     throw;
   }
   return d;
@@ -149,7 +150,7 @@ void LtGemm::run(int binding, const void* W, const void* in, const float* residu
   const float beta = shape_.epilogue == GemmEpilogue::bias_residual ? 1.f : 0.f;
   const void* c = shape_.epilogue == GemmEpilogue::bias_residual ? static_cast<const void*>(residual) : out;
   const cublasLtMatmulHeuristicResult_t& r = candidates_[size_t(selected_)];
-  HK_CUBLAS_CHECK(cublasLtMatmul(lt_, descs_.at(size_t(binding)), &alpha, W, a_, in, b_, &beta, c, c_, out, c_,
+  HK_CUBLAS_CHECK(lt::api().Matmul(lt_, descs_.at(size_t(binding)), &alpha, W, a_, in, b_, &beta, c, c_, out, c_,
                                  &r.algo, workspace, workspace_bytes_, stream));
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "cublaslt_api.hpp"
 #include "attention_route.hpp"
 #include "common.cuh"
 
@@ -34,7 +35,7 @@ hk::tune::DeviceIdentity device_identity(int device) {
   HK_CUDA_CHECK(cudaRuntimeGetVersion(&rt));
   id.driver = version_text(drv);
   id.runtime = version_text(rt);
-  id.libraries = "cublasLt " + std::to_string(cublasLtGetVersion());
+  id.libraries = "cublasLt " + std::to_string(lt::api().GetVersion());
   if (const int cudnn = CudnnRoute::runtime_version()) id.libraries += " cudnn " + std::to_string(cudnn);
   return id;
 }

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cublaslt_api.hpp"
 #include "gelu.cuh"
 #include "gemm_cublaslt.cuh"
 #include "gpu_util.hpp"
@@ -267,7 +268,7 @@ enum class ResidualMode { none, in_place, offset16 };
 
 TEST(CudaOps, CublasLtGemmEveryEpilogueAndCandidate) {
   cublasLtHandle_t lt = nullptr;
-  ASSERT_EQ(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(hk::cuda::lt::api().Create(&lt), CUBLAS_STATUS_SUCCESS);
   DevBuf workspace(hk::cuda::kLtWorkspaceBytes);
   std::printf("%-14s %-20s %-6s %-10s %5s %12s %s\n", "epilogue", "rows x n x k", "in", "residual", "algos",
               "worst/tol", "result");
@@ -371,7 +372,7 @@ TEST(CudaOps, CublasLtGemmEveryEpilogueAndCandidate) {
     }
   }
   std::printf("max |GELU_tanh - GELU_erf| over the tested pre-activations: %.3g\n", tanh_vs_erf);
-  cublasLtDestroy(lt);
+  hk::cuda::lt::api().Destroy(lt);
   EXPECT_EQ(failures, 0);
 }
 

@@ -21,6 +21,7 @@
 // D 64 / 128 / 256, S <= 64 (several sequences packed per pass), S not a multiple of 16, q_split,
 // heads_per_cta, seqs_per_cta (persistent loop, h prefetch), packed layout, lengths = null,
 // graph capture.
+#include "cuda/cublaslt_api.hpp"
 #include "qkv_attention_fused.cuh"
 
 #include "attention_flash.cuh"
@@ -651,7 +652,7 @@ int main() {
 
   // Timings: the cases.csv shapes with S <= 128 the kernel serves (1 and 6 first).
   cublasLtHandle_t lt = nullptr;
-  if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) {
+  if (hk::cuda::lt::api().Create(&lt) != CUBLAS_STATUS_SUCCESS) {
     std::printf("cublasLtCreate failed\n");
     return 1;
   }
@@ -669,7 +670,7 @@ int main() {
     std::printf("timing failed: %s\n", e.what());
     ++g_failures;
   }
-  cublasLtDestroy(lt);
+  hk::cuda::lt::api().Destroy(lt);
   CHECK_CUDA(cudaStreamDestroy(stream));
   CHECK_CUDA(cudaDeviceSynchronize());
   std::printf("\n%d checks, %d failed\n", g_checks, g_failures);
