@@ -348,10 +348,20 @@ int run(const Options& o, int* argc, char*** argv) {
     if (by_rank && launch.local_rank < 0) return;
     early_nvml = nvml_promise.get_future();
     early_device = std::async(std::launch::async, [&o, launch, by_rank, &nvml_promise] {
-      const int gpus = hk::app::cuda_device_count();
+      // The backend's probe first (its answer is kept: the main thread's later question does not
+      // wait behind the context creation), then NVML's figure, then the context and libraries.
+      const hk::Backend* b = nullptr;
+      try {
+        b = &hk::select_backend(o.backend);
+      } catch (const hk::Error&) {
+        // reported by the main thread
+      }
+      const int gpus = b && b->name() == "cuda" ? hk::app::cuda_device_count() : 0;
       const int d = gpus < 1 ? -1 : by_rank ? launch.local_rank % gpus : o.device;
       nvml_promise.set_value(d < 0 ? hk::app::DeviceMemory{} : hk::app::device_memory_nvml(d));
-      return d < 0 ? hk::app::DeviceMemory{} : hk::app::device_memory(d);
+      if (d < 0) return hk::app::DeviceMemory{};
+      b->prepare(d);
+      return hk::app::device_memory(d);
     });
   };
   try {

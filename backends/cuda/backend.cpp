@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "cublaslt_api.hpp"
 #include "engine.hpp"
 #include "hk/error.hpp"
 
@@ -44,6 +45,19 @@ class CudaBackend final : public Backend {
   std::string unavailable_reason() const override {
     static const std::string why = probe();
     return why;
+  }
+  // The primary context of `device` and cuBLASLt, so that the engine's constructor finds both.
+  void prepare(int device) const override {
+    if (!unavailable_reason().empty()) return;
+    if (cudaSetDevice(device) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {
+      cudaGetLastError();
+      return;
+    }
+    try {
+      (void)lt::api();
+    } catch (const Error&) {
+      // create() reports it
+    }
   }
   std::unique_ptr<Engine> create(const Model& model, const EngineOptions& options) const override {
     const std::string why = unavailable_reason();

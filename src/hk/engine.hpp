@@ -41,6 +41,10 @@ class Backend {
   // Empty when this backend can run here; otherwise why not ("built without CUDA", "no GPU").
   virtual std::string unavailable_reason() const = 0;
   virtual std::unique_ptr<Engine> create(const Model& model, const EngineOptions& options) const = 0;
+  // Optional: the one-time start-up of `device` that create() would otherwise pay (a driver
+  // context, libraries loaded at run time), done ahead, e.g. on another thread while the input is
+  // read. Thread-safe, idempotent; failures are left for create() to report. Default: nothing.
+  virtual void prepare(int device) const { (void)device; }
 };
 
 // Every backend compiled into this build, in preference order for "auto".
