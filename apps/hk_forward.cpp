@@ -151,7 +151,8 @@ ChunkSizing size_chunks(const hk::ModelConfig& c, int S, int64_t B, bool x_half,
   const double D = c.d_model, F = c.ffn_dim;
   const double host_cap = mem_cap > 0 ? mem_cap : (backend == "cuda" ? 0.0 : kDefaultHostCapBytes);
   z.cache_bytes = cache_bytes_for(mem_cap);
-  double host_per_seq = hk::app::pipeline_bytes_per_sequence(S, c.d_model) + (x_half ? 2.0 * S * D : 0.0);
+  double host_per_seq = hk::app::pipeline_bytes_per_sequence(S, c.d_model, backend == "cuda" ? 0 : -1) +
+                        (x_half ? 2.0 * S * D : 0.0);
   if (backend == "cuda") {
     host_per_seq += 2.0 * 4.0 * S * D + 4.0;  // the engine's page-locked staging of x and y
   } else {

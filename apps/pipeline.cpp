@@ -5,6 +5,7 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "hk/error.hpp"
 #include "host_buffers.hpp"
@@ -29,11 +30,12 @@ class Pipeline {
       : g_(g), st_(st), pin_device_(pin_device) {
     const size_t n = size_t(g.chunk) * size_t(S) * size_t(D) * sizeof(float);
     const auto touch = pin_device >= 0 ? HostBlock::Touch::later : HostBlock::Touch::now;
-    for (int i = 0; i < 2; ++i) {
-      x_[i].data = HostBlock(n, false, touch);
-      x_[i].lengths = HostBlock(size_t(g.chunk) * sizeof(int32_t), false, touch);
-      y_[i].data = HostBlock(n, false, touch);
+    x_.resize(size_t(input_buffers(pin_device)));
+    for (Slot& x : x_) {
+      x.data = HostBlock(n, false, touch);
+      x.lengths = HostBlock(size_t(g.chunk) * sizeof(int32_t), false, touch);
     }
+    for (Slot& y : y_) y.data = HostBlock(n, false, touch);
   }
 
   PipelineStats run() {
@@ -84,7 +86,7 @@ class Pipeline {
 
   void read_all(int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
-      Slot& s = x_[i % 2];
+      Slot& s = x_[size_t(i) % x_.size()];
       {
         std::unique_lock<std::mutex> lock(m_);
         if (!wait(lock, [&] { return !s.full; })) return;
@@ -107,16 +109,17 @@ class Pipeline {
       const double prepare_s = since(t);
       t = clock::now();
       if (pin_device_ >= 0)
-        for (Slot* s : {&x_[0], &x_[1], &y_[0], &y_[1]}) {
-          s->data.pin(pin_device_);
-          s->lengths.pin(pin_device_);
-        }
+        for (auto* slots : {&x_, &y_})
+          for (Slot& s : *slots) {
+            s.data.pin(pin_device_);
+            s.lengths.pin(pin_device_);
+          }
       std::lock_guard<std::mutex> lock(m_);
       stats_.prepare_s = prepare_s;
       stats_.pin_s = since(t);
     }
     for (int64_t i = 0; i < n; ++i) {
-      Slot& in = x_[i % 2];
+      Slot& in = x_[size_t(i) % x_.size()];
       Slot& out = y_[i % 2];
       {
         std::unique_lock<std::mutex> lock(m_);
@@ -169,7 +172,7 @@ class Pipeline {
   ChunkGrid g_;
   const PipelineStages& st_;
   int pin_device_ = -1;
-  Slot x_[2], y_[2];
+  std::vector<Slot> x_ = std::vector<Slot>(2), y_ = std::vector<Slot>(2);
   std::mutex m_;
   std::condition_variable cv_;
   bool stop_ = false;

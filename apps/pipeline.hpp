@@ -1,6 +1,6 @@
 // hk_forward's streaming pipeline: a reader thread reads chunk k+1, the calling thread computes
 // chunk k and a writer thread writes chunk k-1, through a fixed set of chunk buffers (two input,
-// two output), so memory stays bounded whatever the file size. The HDF5 calls of the reader and
+// four with a GPU, and two output), so memory stays bounded whatever the file size. The HDF5 calls of the reader and
 // the writer are serialised by hk::io's lock (libhdf5 is not thread-safe here): reads and writes
 // alternate, and both overlap compute.
 //
@@ -59,13 +59,21 @@ struct PipelineStages {
   std::function<void(const std::string&)> fatal;
 };
 
-// Buffers: 2 x + 2 y chunk buffers of chunk * S * D floats, 2 length buffers. `pin_device` -1:
+// Buffers: input_buffers(pin_device) x + 2 y chunk buffers of chunk * S * D floats and a lengths
+// buffer per x buffer. `pin_device` -1:
 // ordinary memory, touched at allocation; >= 0 (CUDA): allocated untouched and page-locked
 // (registered for that device) on the compute thread after `prepare`, while the reader is
 // already filling them. Throws the first failure of any stage (after stopping the others).
 PipelineStats run_pipeline(const ChunkGrid& grid, int S, int D, int pin_device, const PipelineStages& stages);
 
+// Input chunk buffers: 2, or 4 with a GPU (pin_device >= 0): while the CUDA context and the
+// engine are still being made (a few tenths of a second) the reader reads up to four chunks ahead
+// instead of stopping after two, and the writes start that much earlier.
+inline int input_buffers(int pin_device) { return pin_device >= 0 ? 4 : 2; }
 // Bytes the pipeline holds per sequence of a chunk (its buffers).
-inline double pipeline_bytes_per_sequence(int S, int D) { return 4.0 * 4.0 * double(S) * D + 2.0 * 4.0; }
+inline double pipeline_bytes_per_sequence(int S, int D, int pin_device = -1) {
+  const double x_buffers = input_buffers(pin_device);
+  return (x_buffers + 2.0) * 4.0 * double(S) * D + x_buffers * 4.0;
+}
 
 }  // namespace hk::app

@@ -1,0 +1,132 @@
+// The streaming pipeline's buffer ring (apps/pipeline.*) with stand-in stages: every chunk of
+// this rank's share of the grid is read, computed and written once, in order, from the buffer it
+// was read into; the reader never runs more than input_buffers() chunks ahead of the compute;
+// `prepare` runs once, before the first compute, while the reader already reads; a failing stage
+// stops the others and its error comes out. With pin_device 0 on a machine without a GPU the
+// buffers stay ordinary memory (registration is refused) and everything else is the same.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "hk/error.hpp"
+#include "pipeline.hpp"
+
+namespace {
+
+struct Record {
+  std::mutex m;
+  std::vector<int64_t> read, computed, written;
+  int64_t max_ahead = 0;  // chunks read but not yet computed, at most
+  bool prepared = false, read_before_prepare_returned = false;
+};
+
+void run_grid(int64_t B, int64_t chunk, int rank, int ranks, int pin_device) {
+  SCOPED_TRACE("B=" + std::to_string(B) + " chunk=" + std::to_string(chunk) + " rank " + std::to_string(rank) + "/" +
+               std::to_string(ranks) + " pin_device " + std::to_string(pin_device));
+  const int S = 3, D = 5;
+  const hk::app::ChunkGrid g{B, chunk, rank, ranks};
+  Record r;
+  std::vector<float> out(size_t(B * S * D), -1.0f);
+  hk::app::PipelineStages st;
+  st.prepare = [&] {
+    // Give the reader time to fill every input buffer before the first compute.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::lock_guard<std::mutex> lock(r.m);
+    r.read_before_prepare_returned = !r.read.empty();
+    r.prepared = true;
+  };
+  st.read = [&](int64_t b0, int64_t nb, float* x, int32_t* lengths) {
+    for (int64_t i = 0; i < nb * S * D; ++i) x[i] = float(b0 * S * D + i);
+    for (int64_t b = 0; b < nb; ++b) lengths[b] = int32_t((b0 + b) % (S + 1));
+    std::lock_guard<std::mutex> lock(r.m);
+    r.read.push_back(b0);
+    r.max_ahead = std::max<int64_t>(r.max_ahead, int64_t(r.read.size() - r.computed.size()));
+  };
+  st.compute = [&](int64_t b0, int64_t nb, const float* x, const int32_t* lengths, float* y) {
+    {
+      std::lock_guard<std::mutex> lock(r.m);
+      EXPECT_TRUE(r.prepared) << "compute before prepare";
+      r.computed.push_back(b0);
+    }
+    for (int64_t b = 0; b < nb; ++b) EXPECT_EQ(lengths[b], int32_t((b0 + b) % (S + 1))) << "lengths of row " << b0 + b;
+    for (int64_t i = 0; i < nb * S * D; ++i) y[i] = x[i] + 0.5f;
+  };
+  st.write = [&](int64_t b0, int64_t nb, const float* y) {
+    if (nb == 0) return;
+    for (int64_t i = 0; i < nb * S * D; ++i) out[size_t(b0 * S * D + i)] = y[i];
+    std::lock_guard<std::mutex> lock(r.m);
+    r.written.push_back(b0);
+  };
+  const hk::app::PipelineStats stats = hk::app::run_pipeline(g, S, D, pin_device, st);
+
+  std::vector<int64_t> mine;
+  for (int64_t i = 0; i < g.local_chunks(); ++i) mine.push_back(g.first_row(g.global_index(i)));
+  EXPECT_EQ(r.read, mine);
+  EXPECT_EQ(r.computed, mine);
+  EXPECT_EQ(r.written, mine);
+  EXPECT_LE(r.max_ahead, hk::app::input_buffers(pin_device));
+  if (g.local_chunks() >= 2) {
+    EXPECT_TRUE(r.read_before_prepare_returned) << "the reader did not start before the compute stage was ready";
+    // Long enough a prepare: the reader fills every buffer it has (or every chunk there is).
+    EXPECT_EQ(r.max_ahead, std::min<int64_t>(hk::app::input_buffers(pin_device), g.local_chunks()));
+  }
+  if (g.local_chunks() > 0) EXPECT_GE(stats.prepare_s, 0.04);
+  int64_t rows = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const bool own = (b / chunk) % ranks == rank;
+    for (int64_t i = 0; i < S * D; ++i) {
+      const size_t at = size_t(b * S * D + i);
+      if (own) {
+        ASSERT_EQ(out[at], float(at) + 0.5f) << "row " << b;
+      } else {
+        ASSERT_EQ(out[at], -1.0f) << "row " << b << " of another rank was written";
+      }
+    }
+    rows += own;
+  }
+  EXPECT_EQ(stats.sequences_done, rows);
+}
+
+TEST(Pipeline, EveryChunkOnceInOrderWithinTheBufferRing) {
+  for (const int pin_device : {-1, 0})
+    for (const int64_t B : {1, 7, 23})
+      for (const int64_t chunk : {1, 3, 7})
+        for (const int ranks : {1, 3})
+          for (int rank = 0; rank < ranks; ++rank) run_grid(B, chunk, rank, ranks, pin_device);
+}
+
+TEST(Pipeline, AFailingStageStopsTheRunWithItsError) {
+  const hk::app::ChunkGrid g{40, 2, 0, 1};
+  for (const char* failing : {"read", "compute", "write", "prepare"}) {
+    std::atomic<int> calls{0};
+    hk::app::PipelineStages st;
+    const std::string f = failing;
+    st.prepare = [&] {
+      if (f == "prepare") throw hk::Error("prepare failed");
+    };
+    st.read = [&](int64_t b0, int64_t, float*, int32_t*) {
+      ++calls;
+      if (f == "read" && b0 == 6) throw hk::Error("read failed");
+    };
+    st.compute = [&](int64_t b0, int64_t, const float*, const int32_t*, float*) {
+      if (f == "compute" && b0 == 6) throw hk::Error("compute failed");
+    };
+    st.write = [&](int64_t b0, int64_t, const float*) {
+      if (f == "write" && b0 == 6) throw hk::Error("write failed");
+    };
+    try {
+      hk::app::run_pipeline(g, 2, 2, 0, st);
+      ADD_FAILURE() << failing << ": no error";
+    } catch (const hk::Error& e) {
+      EXPECT_EQ(std::string(e.what()), f + " failed");
+    }
+    EXPECT_LT(calls.load(), 20) << failing << ": the reader went on after the failure";
+  }
+}
+
+}  // namespace
