@@ -351,15 +351,19 @@ int run(const Options& o, int* argc, char*** argv) {
     early_device = std::async(std::launch::async, [&o, launch, by_rank, &nvml_promise] {
       // The backend's probe first (its answer is kept: the main thread's later question does not
       // wait behind the context creation), then NVML's figure, then the context and libraries.
+      // The promise is always kept (the main thread waits on it); failures are the main thread's
+      // to report when it asks again.
       const hk::Backend* b = nullptr;
+      int d = -1;
       try {
         b = &hk::select_backend(o.backend);
-      } catch (const hk::Error&) {
-        // reported by the main thread
+        const int gpus = b->name() == "cuda" ? hk::app::cuda_device_count() : 0;
+        d = gpus < 1 ? -1 : by_rank ? launch.local_rank % gpus : o.device;
+        nvml_promise.set_value(d < 0 ? hk::app::DeviceMemory{} : hk::app::device_memory_nvml(d));
+      } catch (...) {
+        nvml_promise.set_value(hk::app::DeviceMemory{});
+        return hk::app::DeviceMemory{};
       }
-      const int gpus = b && b->name() == "cuda" ? hk::app::cuda_device_count() : 0;
-      const int d = gpus < 1 ? -1 : by_rank ? launch.local_rank % gpus : o.device;
-      nvml_promise.set_value(d < 0 ? hk::app::DeviceMemory{} : hk::app::device_memory_nvml(d));
       if (d < 0) return hk::app::DeviceMemory{};
       b->prepare(d);
       return hk::app::device_memory(d);
@@ -386,6 +390,13 @@ int run(const Options& o, int* argc, char*** argv) {
   double device_query_s = 0, output_s = 0;  // --stats: parts of the set-up
 
   hk::app::Job job(argc, argv);
+  // The start-up thread ends before MPI does (a setup failure leaves run() at once).
+  struct JoinFirst {
+    std::future<hk::app::DeviceMemory>& f;
+    ~JoinFirst() {
+      if (f.valid()) f.wait();
+    }
+  } join_early{early_device};
   auto agree = [&](const std::string& err) {
     const bool stop = g_interrupted || err == "interrupted";
     const std::string first = job.agree(stop ? "interrupted; no output written" : err, kProgram);
@@ -456,8 +467,8 @@ int run(const Options& o, int* argc, char*** argv) {
   // waits for it before its first chunk. Its failures then end the run from there. The kokkos
   // engine is built here (Kokkos is initialised on the thread that uses it).
   std::unique_ptr<hk::Engine> engine;
+  double engine_s = 0;  // before the future: the build thread writes it until the future is joined
   std::future<std::unique_ptr<hk::Engine>> engine_future;
-  double engine_s = 0;
   const char* const kEngineOom = "out of memory creating the engine (a smaller --batch-chunk needs less)";
   try {
     hk::EngineOptions eo;

@@ -144,7 +144,12 @@ DeviceMemory device_memory_nvml(int device) {
   if (init && by_bus && info && shutdown && init() == 0) {
     NvmlDevice d = nullptr;
     NvmlMemory mem{};
-    if (by_bus(bus, &d) == 0 && info(d, &mem) == 0 && mem.total > 0) {
+    // NVML answers for the whole GPU: a MIG instance (or anything else whose memory CUDA sees
+    // differently) must ask CUDA instead.
+    cudaDeviceProp prop{};
+    const bool same_device = cudaGetDeviceProperties(&prop, device) == cudaSuccess;
+    if (same_device && by_bus(bus, &d) == 0 && info(d, &mem) == 0 && mem.total > 0 &&
+        double(mem.total) <= 1.02 * double(prop.totalGlobalMem) + double(64 << 20)) {
       m.free = size_t(mem.free);
       m.total = size_t(mem.total);
       m.known = true;
