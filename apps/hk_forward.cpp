@@ -151,7 +151,7 @@ ChunkSizing size_chunks(const hk::ModelConfig& c, int S, int64_t B, bool x_half,
   const double D = c.d_model, F = c.ffn_dim;
   const double host_cap = mem_cap > 0 ? mem_cap : (backend == "cuda" ? 0.0 : kDefaultHostCapBytes);
   z.cache_bytes = cache_bytes_for(mem_cap);
-  double host_per_seq = hk::app::pipeline_bytes_per_sequence(S, c.d_model, backend == "cuda" ? 0 : -1) +
+  double host_per_seq = hk::app::pipeline_bytes_per_sequence(S, c.d_model, backend == "cuda") +
                         (x_half ? 2.0 * S * D : 0.0);
   if (backend == "cuda") {
     host_per_seq += 2.0 * 4.0 * S * D + 4.0;  // the engine's page-locked staging of x and y
@@ -424,8 +424,8 @@ int run(const Options& o, int* argc, char*** argv) {
       if (gpus > 0) ranks_per_device = (job.local_size() + gpus - 1) / gpus;
       const auto t_query = clock::now();
       if (early_nvml.valid()) dev = early_nvml.get();
-      if (!dev.known || dev.device != device) dev = hk::app::device_memory_nvml(device);
-      if (!dev.known && early_device.valid()) dev = early_device.get();
+      if (dev.device != device) dev = hk::app::device_memory_nvml(device);  // not the device it guessed
+      if (!dev.known && early_device.valid()) dev = early_device.get();     // no NVML: the context's figure
       if (!dev.known || dev.device != device) dev = hk::app::device_memory(device);
       device_query_s = std::chrono::duration<double>(clock::now() - t_query).count();
     }

@@ -14,32 +14,16 @@
 
 namespace hk::app {
 
-HostBlock::HostBlock(size_t bytes, bool pinned, Touch touch) : bytes_(bytes) {
+HostBlock::HostBlock(size_t bytes, Touch touch) : bytes_(bytes) {
   if (bytes == 0) return;
-#if HK_HAVE_CUDA
-  if (pinned) {
-    void* p = nullptr;
-    if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) == cudaSuccess) {
-      p_ = p;
-      pinned_ = true;
-    } else {
-      cudaGetLastError();  // fall back to pageable memory: slower copies, same results
-    }
-  }
-#else
-  (void)pinned;
-#endif
-  if (!p_) {
-    // Page-aligned: cudaHostRegister pins whole pages, and no other object shares them.
-    p_ = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
-    if (!p_) throw std::bad_alloc();
-    if (touch == Touch::later) return;
-  }
-  std::memset(p_, 0, bytes);
+  // Page-aligned: cudaHostRegister pins whole pages, and no other object shares them.
+  p_ = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  if (!p_) throw std::bad_alloc();
+  if (touch == Touch::now) std::memset(p_, 0, bytes);
 }
 
 bool HostBlock::pin(int device) {
-  if (!p_ || pinned_ || registered_) return pinned();
+  if (!p_ || registered_) return registered_;
 #if HK_HAVE_CUDA
   if (cudaSetDevice(device) == cudaSuccess && cudaHostRegister(p_, bytes_, cudaHostRegisterPortable) == cudaSuccess) {
     registered_ = true;
@@ -49,7 +33,7 @@ bool HostBlock::pin(int device) {
 #else
   (void)device;
 #endif
-  return pinned();
+  return registered_;
 }
 
 HostBlock::~HostBlock() { release(); }
@@ -59,7 +43,6 @@ HostBlock& HostBlock::operator=(HostBlock&& o) noexcept {
     release();
     p_ = o.p_;
     bytes_ = o.bytes_;
-    pinned_ = o.pinned_;
     registered_ = o.registered_;
     o.p_ = nullptr;
   }
@@ -69,11 +52,6 @@ HostBlock& HostBlock::operator=(HostBlock&& o) noexcept {
 void HostBlock::release() noexcept {
   if (!p_) return;
 #if HK_HAVE_CUDA
-  if (pinned_) {
-    cudaFreeHost(p_);
-    p_ = nullptr;
-    return;
-  }
   if (registered_) cudaHostUnregister(p_);
 #endif
   std::free(p_);

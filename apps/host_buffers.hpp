@@ -2,10 +2,9 @@
 // backend the buffers are page-locked, so that copies to and from the device run at full bus
 // speed and can overlap compute; otherwise ordinary memory.
 //
-// A block is either allocated page-locked at once (cudaHostAlloc) or allocated as ordinary
-// memory and registered later (pin(): cudaHostRegister). The second form lets the reader fill
-// the buffers while the CUDA context and the engine are still being built: registration needs
-// the context, the first read does not.
+// A block is allocated as ordinary memory and page-locked in place later (pin():
+// cudaHostRegister): the reader fills the buffers while the CUDA context and the engine are still
+// being built; registration needs the context, the first read does not.
 #pragma once
 
 #include <cstddef>
@@ -19,13 +18,11 @@ class HostBlock {
  public:
   enum class Touch { now, later };
   HostBlock() = default;
-  // pinned: cudaHostAlloc now (falls back to ordinary memory). Otherwise ordinary memory, its
-  // pages touched now (Touch::now: the resident size is what the pipeline holds from the start)
-  // or left to the first writer and to pin() (Touch::later).
-  HostBlock(size_t bytes, bool pinned, Touch touch = Touch::now);
+  // Ordinary memory, its pages touched now (Touch::now: the resident size is what the pipeline
+  // holds from the start) or left to the first writer and to pin() (Touch::later).
+  explicit HostBlock(size_t bytes, Touch touch = Touch::now);
   ~HostBlock();
-  HostBlock(HostBlock&& o) noexcept
-      : p_(o.p_), bytes_(o.bytes_), pinned_(o.pinned_), registered_(o.registered_) {
+  HostBlock(HostBlock&& o) noexcept : p_(o.p_), bytes_(o.bytes_), registered_(o.registered_) {
     o.p_ = nullptr;
   }
   HostBlock& operator=(HostBlock&& o) noexcept;
@@ -41,14 +38,13 @@ class HostBlock {
   template <class T>
   T* as() const { return static_cast<T*>(p_); }
   size_t bytes() const { return bytes_; }
-  bool pinned() const { return pinned_ || registered_; }
+  bool pinned() const { return registered_; }
 
  private:
   void release() noexcept;
   void* p_ = nullptr;
   size_t bytes_ = 0;
-  bool pinned_ = false;      // cudaHostAlloc
-  bool registered_ = false;  // ordinary memory under cudaHostRegister
+  bool registered_ = false;  // under cudaHostRegister
 };
 
 struct DeviceMemory {

@@ -30,12 +30,12 @@ class Pipeline {
       : g_(g), st_(st), pin_device_(pin_device) {
     const size_t n = size_t(g.chunk) * size_t(S) * size_t(D) * sizeof(float);
     const auto touch = pin_device >= 0 ? HostBlock::Touch::later : HostBlock::Touch::now;
-    x_.resize(size_t(input_buffers(pin_device)));
+    x_.resize(size_t(input_buffers(pin_device >= 0)));
     for (Slot& x : x_) {
-      x.data = HostBlock(n, false, touch);
-      x.lengths = HostBlock(size_t(g.chunk) * sizeof(int32_t), false, touch);
+      x.data = HostBlock(n, touch);
+      x.lengths = HostBlock(size_t(g.chunk) * sizeof(int32_t), touch);
     }
-    for (Slot& y : y_) y.data = HostBlock(n, false, touch);
+    for (Slot& y : y_) y.data = HostBlock(n, touch);
   }
 
   PipelineStats run() {

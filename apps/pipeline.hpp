@@ -59,20 +59,20 @@ struct PipelineStages {
   std::function<void(const std::string&)> fatal;
 };
 
-// Buffers: input_buffers(pin_device) x + 2 y chunk buffers of chunk * S * D floats and a lengths
+// Buffers: input_buffers(pin_device >= 0) x + 2 y chunk buffers of chunk * S * D floats and a lengths
 // buffer per x buffer. `pin_device` -1:
 // ordinary memory, touched at allocation; >= 0 (CUDA): allocated untouched and page-locked
 // (registered for that device) on the compute thread after `prepare`, while the reader is
 // already filling them. Throws the first failure of any stage (after stopping the others).
 PipelineStats run_pipeline(const ChunkGrid& grid, int S, int D, int pin_device, const PipelineStages& stages);
 
-// Input chunk buffers: 2, or 4 with a GPU (pin_device >= 0): while the CUDA context and the
-// engine are still being made (a few tenths of a second) the reader reads up to four chunks ahead
-// instead of stopping after two, and the writes start that much earlier.
-inline int input_buffers(int pin_device) { return pin_device >= 0 ? 4 : 2; }
+// Input chunk buffers: 2, or 4 with a GPU: while the CUDA context and the engine are still being
+// made (a few tenths of a second) the reader reads up to four chunks ahead instead of stopping
+// after two, and the writes start that much earlier.
+inline int input_buffers(bool gpu) { return gpu ? 4 : 2; }
 // Bytes the pipeline holds per sequence of a chunk (its buffers).
-inline double pipeline_bytes_per_sequence(int S, int D, int pin_device = -1) {
-  const double x_buffers = input_buffers(pin_device);
+inline double pipeline_bytes_per_sequence(int S, int D, bool gpu) {
+  const double x_buffers = input_buffers(gpu);
   return (x_buffers + 2.0) * 4.0 * double(S) * D + x_buffers * 4.0;
 }
 

@@ -35,7 +35,7 @@ void run_grid(int64_t B, int64_t chunk, int rank, int ranks, int pin_device) {
   hk::app::PipelineStages st;
   // The compute stage is not ready until the reader has filled every input buffer it has (or read
   // every chunk there is): the reader must work ahead of it, and no further than its buffers.
-  const int64_t fill = std::min<int64_t>(hk::app::input_buffers(pin_device), g.local_chunks());
+  const int64_t fill = std::min<int64_t>(hk::app::input_buffers(pin_device >= 0), g.local_chunks());
   st.prepare = [&] {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     for (;;) {
@@ -79,7 +79,7 @@ void run_grid(int64_t B, int64_t chunk, int rank, int ranks, int pin_device) {
   EXPECT_EQ(r.read, mine);
   EXPECT_EQ(r.computed, mine);
   EXPECT_EQ(r.written, mine);
-  EXPECT_LE(r.max_ahead, hk::app::input_buffers(pin_device));
+  EXPECT_LE(r.max_ahead, hk::app::input_buffers(pin_device >= 0));
   if (g.local_chunks() > 0) {
     EXPECT_TRUE(r.read_before_prepare_returned) << "the reader did not fill its " << fill
                                                 << " buffer(s) while the compute stage was not ready";
