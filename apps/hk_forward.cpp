@@ -82,13 +82,6 @@ std::string version_string() {
          "; MPI " + (HK_HAVE_MPI ? "yes" : "no") + "; " + HK_BUILD_TYPE + ")";
 }
 
-// The backend "auto" resolves to, for sizing the default chunk ("" when none is usable).
-std::string resolved_backend(const std::string& requested) {
-  if (requested != "auto") return requested;
-  for (const hk::Backend* b : hk::backends())
-    if (b->unavailable_reason().empty()) return b->name();
-  return "";
-}
 
 // "64M", "1.5G", "4096" (K, M, G, T: powers of 1024; an optional trailing "B" or "iB").
 int64_t parse_bytes(const std::string& text) {
@@ -414,7 +407,8 @@ int run(const Options& o, int* argc, char*** argv) {
     model = std::make_unique<hk::Model>(hk::io::read_model(model_path));
     sizing.cache_bytes = cache_bytes_for(mem_cap);
     in = std::make_unique<hk::io::InputFile>(input, model->config, sizing.cache_bytes);
-    backend_name = resolved_backend(o.backend);
+    // The backend "auto" resolves to; an unknown or unusable one is an agreed setup error here.
+    backend_name = hk::select_backend(o.backend).name();
     hk::app::DeviceMemory dev;
     int ranks_per_device = 1;
     if (backend_name == "cuda") {
@@ -477,7 +471,6 @@ int run(const Options& o, int* argc, char*** argv) {
     eo.max_batch = int(chunk);
     eo.seq_len = S;
     eo.device = device;
-    hk::select_backend(o.backend);  // an unusable backend is an agreed setup error, as before
     const auto build = [&model, eo, &engine_s] {
       const auto t = clock::now();
       auto e = hk::make_engine(*model, eo);
