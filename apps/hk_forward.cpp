@@ -60,7 +60,7 @@ struct Options {
 };
 
 // Host memory a kokkos run may use for what grows with the chunk (chunk buffers, the engine's
-// activations, HDF5 chunk caches) when --mem-cap is not given. A constant, not a measurement of
+// activations, the HDF5 chunk cache of x) when --mem-cap is not given. A constant, not a measurement of
 // free memory, so that the default chunk grid (and so the bits of every result) is the same on
 // every machine and for every rank count.
 constexpr double kDefaultHostCapBytes = 1024.0 * (1 << 20);
@@ -118,11 +118,11 @@ double parameter_count(const hk::ModelConfig& c) {
 
 struct ChunkSizing {
   int64_t chunk = 1;
-  size_t cache_bytes = hk::io::kDefaultChunkCacheBytes;  // per HDF5 dataset (input x, output y)
+  size_t cache_bytes = hk::io::kDefaultChunkCacheBytes;  // of the input x (y is written past HDF5's caches)
   std::string basis;                                     // how it was sized, for --explain / --stats
 };
 
-// The HDF5 chunk cache of each of x and y under a memory cap: a sixteenth of it, 1..64 MiB.
+// The HDF5 chunk cache of x under a memory cap: a sixteenth of it, 1..64 MiB.
 size_t cache_bytes_for(double cap) {
   if (cap <= 0) return hk::io::kDefaultChunkCacheBytes;
   return size_t(std::clamp(cap / 16.0, 1024.0 * 1024.0, double(hk::io::kDefaultChunkCacheBytes)));
@@ -132,8 +132,8 @@ size_t cache_bytes_for(double cap) {
 constexpr double kStreamChunkBytes = 64.0 * 1024 * 1024;
 
 // Sequences per chunk. Host memory (kokkos: everything; cuda: the page-locked buffers and the
-// engine's staging): the pipeline's four chunk buffers, the engine's activations and the two
-// HDF5 chunk caches stay within the cap. Device memory (cuda): the activation arena within what
+// engine's staging): the pipeline's chunk buffers, the engine's activations and the HDF5 chunk
+// cache of x stay within the cap. Device memory (cuda): the activation arena within what
 // cudaMemGetInfo reports free, shared by the ranks on one GPU, less the weights and a reserve,
 // and about 64 MiB of x per chunk; rounded down to a power of two so that small changes in free
 // memory keep the same chunk.
@@ -154,11 +154,11 @@ ChunkSizing size_chunks(const hk::ModelConfig& c, int S, int64_t B, bool x_half,
   }
   int64_t chunk = B;
   if (host_cap > 0) {
-    const double left = host_cap - 2.0 * double(z.cache_bytes);
+    const double left = host_cap - double(z.cache_bytes);
     const int64_t n = left > 0 ? int64_t(std::floor(left / host_per_seq)) : 0;
     if (n < 1)
       throw hk::Error("--mem-cap " + std::to_string(int64_t(host_cap)) + " bytes is too small: one sequence needs about " +
-                      std::to_string(int64_t(host_per_seq)) + " bytes plus " + std::to_string(2 * z.cache_bytes) +
+                      std::to_string(int64_t(host_per_seq)) + " bytes plus " + std::to_string(z.cache_bytes) +
                       " of HDF5 chunk cache");
     chunk = std::min<int64_t>(chunk, n);
     z.basis = "host memory cap " + std::to_string(int64_t(host_cap)) + " bytes";
@@ -244,12 +244,10 @@ class Progress {
 
 // The first non-finite element of y [nb, S, D], as "[b, s, d]", or "".
 std::string first_nonfinite(const float* y, int64_t n, int64_t b0, int S, int D) {
-  for (int64_t i = 0; i < n; ++i)
-    if (!std::isfinite(y[i])) {
-      const int64_t per = int64_t(S) * D;
-      return "[" + std::to_string(b0 + i / per) + ", " + std::to_string((i / D) % S) + ", " + std::to_string(i % D) + "]";
-    }
-  return "";
+  const int64_t i = hk::io::first_nonfinite(y, n);
+  if (i < 0) return "";
+  const int64_t per = int64_t(S) * D;
+  return "[" + std::to_string(b0 + i / per) + ", " + std::to_string((i / D) % S) + ", " + std::to_string(i % D) + "]";
 }
 
 // Peak resident set size of this process (VmHWM of /proc/self/status), in KiB; -1 if unknown.
@@ -264,7 +262,7 @@ int64_t peak_rss_kib() {
 // The output file of a run: one process (OutputFile) or the ranks of an MPI job together.
 class Output {
  public:
-  Output(const std::string& path, int64_t B, int S, int D, size_t cache_bytes, const hk::app::Job& job) {
+  Output(const std::string& path, int64_t B, int S, int D, const hk::app::Job& job) {
 #if HK_HAVE_MPI
     if (job.size() > 1) {
       par_ = std::make_unique<hk::io::ParallelOutputFile>(path, B, S, D, job.comm());
@@ -273,7 +271,7 @@ class Output {
 #else
     (void)job;
 #endif
-    ser_ = std::make_unique<hk::io::OutputFile>(path, B, S, D, cache_bytes);
+    ser_ = std::make_unique<hk::io::OutputFile>(path, B, S, D);
   }
   void set_attribute(const std::string& name, const std::string& value) {
 #if HK_HAVE_MPI
@@ -432,7 +430,9 @@ int run(const Options& o, int* argc, char*** argv) {
     if (sizing.chunk > std::numeric_limits<int>::max())
       throw hk::Error("--batch-chunk " + std::to_string(sizing.chunk) + " is too large (at most 2^31-1 sequences)");
     // The parallel output's write mode, checked here so that a bad value is one agreed error.
-    if (job.size() > 1) hk::tune::knob_choice("HK_MPIIO_WRITE", {"independent", "collective", "individual"});
+#if HK_HAVE_MPI
+    if (job.size() > 1) hk::tune::knob_choice("HK_MPIIO_WRITE", hk::io::ParallelOutputFile::write_modes());
+#endif
     // The ranks create the output together; a directory they cannot write is found here, before
     // anything collective, so that it is one clean error.
     if (job.size() > 1 && job.rank() == 0 && !o.explain) {
@@ -557,7 +557,7 @@ int run(const Options& o, int* argc, char*** argv) {
   double commit_s = 0, check_s = 0;  // check_s: the compute stage's finiteness scan of y
   try {
     const auto t_output = clock::now();
-    out = std::make_unique<Output>(output, B, S, D, sizing.cache_bytes, job);
+    out = std::make_unique<Output>(output, B, S, D, job);
     output_s = std::chrono::duration<double>(clock::now() - t_output).count();
 
     const bool has_lengths = in->has_lengths();
@@ -675,7 +675,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--mem-cap", o.mem_cap,
                  "host memory (bytes; K, M, G suffixes) for what grows with the chunk: chunk buffers, the kokkos "
-                 "engine's activations, HDF5 chunk caches; the chunk is sized to fit (per rank)");
+                 "engine's activations, the HDF5 chunk cache of x; the chunk is sized to fit (per rank)");
   app.add_flag("--stats", o.stats,
                "print a line of statistics per rank on stdout: chunking, peak resident memory (VmHWM), busy "
                "time of read, compute and write, the set-up before the pipeline (setup_s), the engine's build "

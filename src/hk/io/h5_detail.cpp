@@ -59,7 +59,10 @@ std::string one_line(const std::string& s, size_t max_len) {
 }
 
 void fail(const std::string& file, const std::string& object, const std::string& what) {
-  H5Eclear2(H5E_DEFAULT);
+  {
+    std::lock_guard<std::recursive_mutex> lock(h5_mutex());  // callers may be outside it
+    H5Eclear2(H5E_DEFAULT);
+  }
   throw Error(one_line(file + ": " + object + ": " + what, 1000));
 }
 
@@ -133,6 +136,48 @@ WriteBack::~WriteBack() {
 void WriteBack::start() const noexcept {
   if (fd_ >= 0) ::sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
 }
+
+RawRows::RawRows(const std::string& file, const std::string& object, const std::string& path, uint64_t offset,
+                 uint64_t row_bytes)
+    : file_(file), object_(object), fd_(::open(path.c_str(), O_WRONLY | O_CLOEXEC)), offset_(offset), row_bytes_(row_bytes) {
+  if (fd_ < 0) fail(file, object, "cannot open the temporary output file " + path + " for writing (" + std::strerror(errno) + ")");
+}
+
+RawRows::~RawRows() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void RawRows::write(int64_t b0, int64_t nb, const void* data) const {
+  const uint64_t begin = offset_ + uint64_t(b0) * row_bytes_, bytes = uint64_t(nb) * row_bytes_;
+  const char* p = static_cast<const char*>(data);
+  for (uint64_t done = 0; done < bytes;) {
+    const ssize_t w = ::pwrite(fd_, p + done, size_t(std::min<uint64_t>(bytes - done, uint64_t(1) << 30)),
+                               off_t(begin + done));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0)
+      fail(file_, object_, "cannot write rows [" + std::to_string(b0) + ", " + std::to_string(b0 + nb) + ") (" +
+                               (w < 0 ? std::strerror(errno) : "no progress") + ")");
+    done += uint64_t(w);
+  }
+  ::sync_file_range(fd_, off_t(begin), off_t(bytes), SYNC_FILE_RANGE_WRITE);  // best effort
+}
+
+std::string RawRows::finish(bool sync) {
+  if (fd_ < 0) return "";
+  std::string why;
+  if (sync && ::fsync(fd_) != 0) why = std::string("cannot sync the rows written (") + std::strerror(errno) + ")";
+  if (::close(fd_) != 0 && why.empty()) why = std::string("cannot close the output file (") + std::strerror(errno) + ")";
+  fd_ = -1;
+  return why;
+}
+
+uint64_t contiguous_offset(hid_t dset, const std::string& file, const std::string& object) {
+  const haddr_t a = H5Dget_offset(dset);
+  if (a == HADDR_UNDEF) fail_h5(file, object, "cannot locate the dataset's data in the file");
+  return uint64_t(a);
+}
+
+bool native_float_is_f32le() { return H5Tequal(H5T_NATIVE_FLOAT, H5T_IEEE_F32LE) > 0; }
 
 Handle file_creation_props() {
   Handle fcpl = plist_handle(H5Pcreate(H5P_FILE_CREATE));

@@ -50,6 +50,36 @@ class WriteBack {
   int fd_ = -1;
 };
 
+// Rows of a contiguous, allocated dataset written with pwrite at the dataset's file offset, past
+// HDF5 and its lock: another thread's HDF5 read proceeds while a chunk is written (hk_forward's
+// reader and writer), and HDF5's copy through its own buffers is skipped. Each write then starts
+// the kernel's write-back of its byte range (as WriteBack). The dataset must be float32 in the
+// byte order of the host (native_float_is_f32le) with fill-never, early allocation, and HDF5 must
+// never write its raw data itself.
+class RawRows {
+ public:
+  // `file`, `object`: for messages; `path`: the file to open (the temporary output file).
+  RawRows(const std::string& file, const std::string& object, const std::string& path, uint64_t offset,
+          uint64_t row_bytes);
+  ~RawRows();
+  RawRows(const RawRows&) = delete;
+  RawRows& operator=(const RawRows&) = delete;
+  // Rows [b0, b0 + nb) from `data`; throws hk::Error (one line: the rows and the system's reason).
+  void write(int64_t b0, int64_t nb, const void* data) const;
+  // fsync (when `sync`) and close: "" on success, else why not.
+  std::string finish(bool sync);
+
+ private:
+  std::string file_, object_;
+  int fd_ = -1;
+  uint64_t offset_ = 0, row_bytes_ = 0;
+};
+
+// The file offset of a contiguous dataset's allocated raw data; fails (hk::Error) otherwise.
+uint64_t contiguous_offset(hid_t dset, const std::string& file, const std::string& object);
+// Whether a float in memory has the bytes of H5T_IEEE_F32LE (RawRows writes memory as it is).
+bool native_float_is_f32le();
+
 std::string shape_string(const std::vector<int64_t>& dims);
 std::string index_string(const std::vector<int64_t>& index);
 

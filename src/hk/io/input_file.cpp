@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "hk/error.hpp"
+#include "hk/io/finite.hpp"
 #include "hk/io/h5_detail.hpp"
 
 namespace hk::io {
@@ -26,7 +27,6 @@ struct InputFile::Impl {
   int S = 0, D = 0;
   FloatKind x_kind = FloatKind::f32;
   size_t cache_bytes = kDefaultChunkCacheBytes;
-  std::vector<uint16_t> half;  // staging for float16 x
 
   void open(int expected_d);
   void validate_lengths();
@@ -122,8 +122,6 @@ bool InputFile::has_lengths() const { return impl_->lengths.valid(); }
 DType InputFile::x_type() const { return impl_->x_kind == FloatKind::f16 ? DType::float16 : DType::float32; }
 
 void InputFile::read(int64_t b0, int64_t nb, float* x, int32_t* lengths) {
-  std::lock_guard<std::recursive_mutex> lock(h5_mutex());
-  init();
   Impl& m = *impl_;
   if (b0 < 0 || nb < 0 || b0 > m.B - nb)
     fail(m.path, "/input/x", "sequences [" + std::to_string(b0) + ", " + std::to_string(b0 + nb) +
@@ -131,46 +129,51 @@ void InputFile::read(int64_t b0, int64_t nb, float* x, int32_t* lengths) {
   if (nb == 0) return;
   const int64_t per_seq = int64_t(m.S) * m.D;
   const int64_t n = nb * per_seq;
-  Handle fspace = select_rows(m.x.get(), m.x_dims, b0, nb, m.path, "/input/x");
-  // Same shape as the file selection: HDF5 then copies whole chunks instead of element runs.
-  Handle mspace = simple_space({nb, m.S, m.D}, m.path, "/input/x");
-  herr_t st;
-  if (m.x_kind == FloatKind::f16) {
-    m.half.resize(size_t(n));
-    st = H5Dread(m.x.get(), half_type(), mspace.get(), fspace.get(), H5P_DEFAULT, m.half.data());
-    if (st >= 0)
-      for (int64_t i = 0; i < n; ++i) x[i] = float(half_to_double(m.half[size_t(i)]));
-  } else {
-    st = H5Dread(m.x.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), H5P_DEFAULT, x);
-  }
-  if (st < 0)
-    fail_h5(m.path, "/input/x", "expected readable data for sequences [" + std::to_string(b0) + ", " +
-                                    std::to_string(b0 + nb) + "), found a read error (truncated or damaged file?)");
-  // Checked here, slice by slice, so that no backend ever sees a non-finite input.
-  for (int64_t i = 0; i < n; ++i)
-    if (!std::isfinite(x[i])) {
-      const int64_t b = b0 + i / per_seq, s = (i / m.D) % m.S, d = i % m.D;
-      fail(m.path, "/input/x", std::string("expected finite values, found ") +
-                                   (std::isnan(x[i]) ? "NaN" : (x[i] > 0 ? "+Inf" : "-Inf")) + " at " +
-                                   index_string({b, s, d}));
+  std::vector<uint16_t> half(m.x_kind == FloatKind::f16 ? size_t(n) : 0);  // staging for float16 x
+  std::vector<int64_t> len(lengths && m.lengths.valid() ? size_t(nb) : 0);
+  {
+    // HDF5 calls only under the lock: the conversions and checks below run beside another
+    // thread's HDF5 calls (hk_forward's writer).
+    std::lock_guard<std::recursive_mutex> lock(h5_mutex());
+    init();
+    Handle fspace = select_rows(m.x.get(), m.x_dims, b0, nb, m.path, "/input/x");
+    // Same shape as the file selection: HDF5 then copies whole chunks instead of element runs.
+    Handle mspace = simple_space({nb, m.S, m.D}, m.path, "/input/x");
+    const herr_t st = m.x_kind == FloatKind::f16
+                          ? H5Dread(m.x.get(), half_type(), mspace.get(), fspace.get(), H5P_DEFAULT, half.data())
+                          : H5Dread(m.x.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), H5P_DEFAULT, x);
+    if (st < 0)
+      fail_h5(m.path, "/input/x", "expected readable data for sequences [" + std::to_string(b0) + ", " +
+                                      std::to_string(b0 + nb) + "), found a read error (truncated or damaged file?)");
+    if (!len.empty()) {
+      Handle lf = select_rows(m.lengths.get(), {m.B}, b0, nb, m.path, "/input/lengths");
+      Handle lm = simple_space({nb}, m.path, "/input/lengths");
+      if (H5Dread(m.lengths.get(), H5T_NATIVE_INT64, lm.get(), lf.get(), H5P_DEFAULT, len.data()) < 0)
+        fail_h5(m.path, "/input/lengths", "expected readable data, found a read error (truncated or damaged file?)");
     }
+  }
+  if (!half.empty())
+    for (int64_t i = 0; i < n; ++i) x[i] = float(half_to_double(half[size_t(i)]));
+  // Checked here, slice by slice, so that no backend ever sees a non-finite input.
+  const int64_t i = first_nonfinite(x, n);
+  if (i >= 0) {
+    const int64_t b = b0 + i / per_seq, s = (i / m.D) % m.S, d = i % m.D;
+    fail(m.path, "/input/x", std::string("expected finite values, found ") +
+                                 (std::isnan(x[i]) ? "NaN" : (x[i] > 0 ? "+Inf" : "-Inf")) + " at " +
+                                 index_string({b, s, d}));
+  }
 
   if (!lengths) return;
-  if (!m.lengths.valid()) {
-    for (int64_t i = 0; i < nb; ++i) lengths[i] = m.S;
+  if (len.empty()) {
+    for (int64_t k = 0; k < nb; ++k) lengths[k] = m.S;
     return;
   }
-  Handle lf = select_rows(m.lengths.get(), {m.B}, b0, nb, m.path, "/input/lengths");
-  Handle lm = simple_space({nb}, m.path, "/input/lengths");
-  std::vector<int64_t> buf(static_cast<size_t>(nb));
-  if (H5Dread(m.lengths.get(), H5T_NATIVE_INT64, lm.get(), lf.get(), H5P_DEFAULT, buf.data()) < 0)
-    fail_h5(m.path, "/input/lengths", "expected readable data, found a read error (truncated or damaged file?)");
-  for (int64_t i = 0; i < nb; ++i) {
+  for (int64_t k = 0; k < nb; ++k) {
     // Validated when opened; checked again because the file could have changed since.
-    if (buf[size_t(i)] < 0 || buf[size_t(i)] > m.S)
+    if (len[size_t(k)] < 0 || len[size_t(k)] > m.S)
       fail(m.path, "/input/lengths", "expected values in 0.." + std::to_string(m.S) + ", found " +
-                                         std::to_string(buf[size_t(i)]) + " at [" + std::to_string(b0 + i) + "]");
-    lengths[i] = int32_t(buf[size_t(i)]);
+                                         std::to_string(len[size_t(k)]) + " at [" + std::to_string(b0 + k) + "]");
+    lengths[k] = int32_t(len[size_t(k)]);
   }
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "hk/io/dtype.hpp"
+#include "hk/io/finite.hpp"
 #include "hk/io/input_file.hpp"
 #include "hk/io/model_file.hpp"
 #include "hk/io/output_file.hpp"

@@ -22,12 +22,15 @@ struct OutputFile::Impl {
   Handle file, group, y;
   std::vector<int64_t> dims;
   int64_t next_row = 0;
-  size_t cache_bytes = 0;
   bool committed = false;
-  std::unique_ptr<WriteBack> write_back;  // after each chunk: the disk write starts now, not at commit
+  // y's rows written past HDF5 (the usual case), or through H5Dwrite where memory floats are not
+  // the file's little-endian float32, with the write-back started after each chunk.
+  std::unique_ptr<RawRows> raw;
+  std::unique_ptr<WriteBack> write_back;
 
   ~Impl() {
     if (committed) return;
+    raw.reset();
     y.close();
     group.close();
     file.close();
@@ -35,7 +38,7 @@ struct OutputFile::Impl {
   }
 };
 
-OutputFile::OutputFile(const std::string& path, int64_t B, int S, int D, size_t chunk_cache_bytes) {
+OutputFile::OutputFile(const std::string& path, int64_t B, int S, int D) {
   std::lock_guard<std::recursive_mutex> lock(h5_mutex());
   init();
   if (B < 1 || S < 1 || D < 1)
@@ -49,7 +52,6 @@ OutputFile::OutputFile(const std::string& path, int64_t B, int S, int D, size_t 
   impl_->path = path;
   impl_->temp = path + ".tmp." + std::to_string(::getpid());
   impl_->dims = {B, S, D};
-  impl_->cache_bytes = chunk_cache_bytes;
   try {
     create();
   } catch (...) {
@@ -68,16 +70,23 @@ void OutputFile::create() {
     fail_h5(path, "/", "cannot create the temporary output file " + m.temp + " (" + std::strerror(err) + ")");
   }
   m.file = file_handle(f);
-  m.write_back = std::make_unique<WriteBack>(m.temp);
   m.group = require_group(m.file.get(), path, "/output");
   Handle space = simple_space(m.dims, path, "/output/y");
-  Handle dcpl = dataset_creation(chunk_dims(m.dims, sizeof(float)));
-  // Every element is written before commit(): filling chunks first would write them twice.
+  // Contiguous, allocated now, never filled (every element is written before commit): the rows of
+  // a chunk are one byte range of the file, written without HDF5 (RawRows).
+  Handle dcpl = dataset_creation();
   H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
-  Handle dapl = chunk_cache_access(m.cache_bytes);
+  H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY);
   m.y = dataset_handle(
-      H5Dcreate2(m.group.get(), "y", H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), dapl.get()));
+      H5Dcreate2(m.group.get(), "y", H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
   if (!m.y.valid()) fail_h5(path, "/output/y", "cannot create the dataset");
+  if (native_float_is_f32le()) {
+    const uint64_t row_bytes = uint64_t(m.dims[1]) * uint64_t(m.dims[2]) * sizeof(float);
+    m.raw = std::make_unique<RawRows>(path, "/output/y", m.temp, contiguous_offset(m.y.get(), path, "/output/y"),
+                                      row_bytes);
+  } else {
+    m.write_back = std::make_unique<WriteBack>(m.temp);
+  }
 }
 
 OutputFile::~OutputFile() {
@@ -98,27 +107,33 @@ void OutputFile::set_attribute(const std::string& name, const std::string& value
 }
 
 void OutputFile::write(int64_t b0, int64_t nb, const float* y) {
-  std::unique_lock<std::recursive_mutex> lock(h5_mutex());
-  init();
   Impl& m = *impl_;
   if (m.committed) throw Error(m.path + ": /output/y: already committed, cannot write");
   if (b0 != m.next_row)
     fail(m.path, "/output/y", "rows are written in order: expected b0 = " + std::to_string(m.next_row) +
                                   ", found " + std::to_string(b0));
+  if (nb < 0 || b0 > m.dims[0] - nb)
+    fail(m.path, "/output/y", "rows [" + std::to_string(b0) + ", " + std::to_string(b0 + nb) +
+                                  ") requested, expected a range inside [0, " + std::to_string(m.dims[0]) + ")");
   if (nb == 0) return;
-  Handle fspace = select_rows(m.y.get(), m.dims, b0, nb, m.path, "/output/y");
-  // Same shape as the file selection: HDF5 then copies whole chunks instead of element runs.
-  Handle mspace = simple_space({nb, m.dims[1], m.dims[2]}, m.path, "/output/y");
-  if (H5Dwrite(m.y.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), H5P_DEFAULT, y) < 0)
-    fail_h5(m.path, "/output/y", "cannot write rows [" + std::to_string(b0) + ", " + std::to_string(b0 + nb) +
-                                     ") (disk full?)");
+  if (m.raw) {
+    m.raw->write(b0, nb, y);  // without the HDF5 lock: a read of the next chunk goes on meanwhile
+  } else {
+    std::unique_lock<std::recursive_mutex> lock(h5_mutex());
+    init();
+    Handle fspace = select_rows(m.y.get(), m.dims, b0, nb, m.path, "/output/y");
+    Handle mspace = simple_space({nb, m.dims[1], m.dims[2]}, m.path, "/output/y");
+    if (H5Dwrite(m.y.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), H5P_DEFAULT, y) < 0)
+      fail_h5(m.path, "/output/y", "cannot write rows [" + std::to_string(b0) + ", " + std::to_string(b0 + nb) +
+                                       ") (disk full?)");
+    // The write-back request may wait for the device queue: not under the HDF5 lock. Every HDF5
+    // handle of this call is closed first (the lock guards their release too).
+    fspace.close();
+    mspace.close();
+    lock.unlock();
+    m.write_back->start();
+  }
   m.next_row = b0 + nb;
-  // The write-back request may wait for the device queue: not under the HDF5 lock. Every HDF5
-  // handle of this call is closed first (the lock guards their release too).
-  fspace.close();
-  mspace.close();
-  lock.unlock();
-  m.write_back->start();
 }
 
 void OutputFile::commit() {
@@ -129,6 +144,11 @@ void OutputFile::commit() {
   if (m.next_row != m.dims[0])
     fail(m.path, "/output/y", "expected all " + std::to_string(m.dims[0]) + " rows written before commit, found " +
                                   std::to_string(m.next_row));
+  // The rows' descriptor first (the rename's fsync below covers their data), then HDF5's metadata.
+  if (m.raw) {
+    const std::string why = m.raw->finish(/*sync=*/false);
+    if (!why.empty()) fail(m.path, "/output/y", why);
+  }
   const bool closed = m.y.close() && m.group.close() && H5Fflush(m.file.get(), H5F_SCOPE_GLOBAL) >= 0 &&
                       m.file.close();
   if (!closed) fail_h5(m.path, "/", "cannot flush and close the temporary output file " + m.temp + " (disk full?)");

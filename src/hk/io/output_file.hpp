@@ -11,14 +11,15 @@
 #include <string>
 #include <vector>
 
-#include "hk/io/input_file.hpp"  // kDefaultChunkCacheBytes
+#include "hk/io/input_file.hpp"
 
 namespace hk::io {
 
 class OutputFile {
  public:
-  // `chunk_cache_bytes`: the chunk cache of y (a chunk cut by two writes waits there).
-  OutputFile(const std::string& path, int64_t B, int S, int D, size_t chunk_cache_bytes = kDefaultChunkCacheBytes);
+  // y is contiguous and written without HDF5's buffers (no chunk cache: no memory beyond the
+  // caller's rows), from one thread, in order.
+  OutputFile(const std::string& path, int64_t B, int S, int D);
   ~OutputFile();
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;

@@ -49,18 +49,25 @@ struct ParallelOutputFile::Impl {
   int64_t rows_written = 0;  // by this rank
   std::string mode;          // HK_MPIIO_WRITE
   std::unique_ptr<WriteBack> write_back;  // this rank's request to start the disk write after each chunk
+  std::unique_ptr<RawRows> raw;           // "posix": this rank's rows written past HDF5 and MPI-IO
   bool independent = false;  // no write rounds: a rank writes its rows alone, empty writes are skipped
   bool committed = false;
 
   // Collective: the handles are closed by every rank together.
   ~Impl() {
     if (committed) return;
+    raw.reset();
     y.close();
     group.close();
     file.close();
     if (rank == 0 && !temp.empty()) ::unlink(temp.c_str());
   }
 };
+
+const std::vector<std::string>& ParallelOutputFile::write_modes() {
+  static const std::vector<std::string> modes = {"posix", "independent", "collective", "individual"};
+  return modes;
+}
 
 ParallelOutputFile::ParallelOutputFile(const std::string& path, int64_t B, int S, int D, MPI_Comm comm) {
   std::lock_guard<std::recursive_mutex> lock(h5_mutex());
@@ -74,11 +81,22 @@ ParallelOutputFile::ParallelOutputFile(const std::string& path, int64_t B, int S
   const bool is_dir = rank == 0 && ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
   if (!all_ok(!is_dir, comm)) fail(path, "/", "expected a file path for the output, found a directory");
   // The write mode (HK_MPIIO_WRITE), agreed: rank 0's value, so that every rank makes the same calls.
+  // Unset: "posix" when every rank runs on this node (one page cache: plain pwrite of disjoint
+  // byte ranges is coherent), else "independent" (MPI-IO keeps a shared file system coherent).
+  MPI_Comm node = MPI_COMM_NULL;
+  int ranks = 1, node_ranks = 0;
+  MPI_Comm_size(comm, &ranks);
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  if (node != MPI_COMM_NULL) {
+    MPI_Comm_size(node, &node_ranks);
+    MPI_Comm_free(&node);
+  }
+  const bool one_node = all_ok(node_ranks == ranks, comm);
   std::string mode;
   if (rank == 0) {
     try {
-      mode = tune::knob_choice("HK_MPIIO_WRITE", {"independent", "collective", "individual"});
-      if (mode.empty()) mode = "independent";
+      mode = tune::knob_choice("HK_MPIIO_WRITE", write_modes());
+      if (mode.empty()) mode = one_node ? "posix" : "independent";
     } catch (const Error& e) {
       mode = std::string("!") + e.what();  // every rank fails with rank 0's message
     }
@@ -120,10 +138,22 @@ ParallelOutputFile::ParallelOutputFile(const std::string& path, int64_t B, int S
         H5Dcreate2(m.group.get(), "y", H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
     if (!m.y.valid()) fail_h5(path, "/output/y", "cannot create the dataset");
     m.dxpl = plist_handle(H5Pcreate(H5P_DATASET_XFER));
-    m.independent = m.mode == "independent";
-    if (H5Pset_dxpl_mpio(m.dxpl.get(), m.independent ? H5FD_MPIO_INDEPENDENT : H5FD_MPIO_COLLECTIVE) < 0 ||
-        (m.mode == "individual" && H5Pset_dxpl_mpio_collective_opt(m.dxpl.get(), H5FD_MPIO_INDIVIDUAL_IO) < 0))
-      fail_h5(path, "/output/y", "cannot select " + m.mode + " transfers");
+    m.independent = m.mode == "independent" || m.mode == "posix";
+    if (m.mode == "posix") {
+      std::string why;  // agreed: a rank that cannot write makes every rank fail here
+      try {
+        if (!native_float_is_f32le())
+          fail(path, "/output/y", "HK_MPIIO_WRITE=posix writes memory floats as they are: expected little-endian "
+                                  "float32 on this host, found another layout (use independent)");
+        const uint64_t row_bytes = uint64_t(S) * uint64_t(D) * sizeof(float);
+        m.raw = std::make_unique<RawRows>(path, "/output/y", m.temp,
+                                          contiguous_offset(m.y.get(), path, "/output/y"), row_bytes);
+      } catch (const Error& e) {
+        why = e.what();
+      }
+      if (!all_ok(why.empty(), comm))
+        throw Error(why.empty() ? path + ": /output/y: cannot open the temporary output file on some rank" : why);
+    }
   } catch (...) {
     impl_.reset();  // collective close (every rank reaches this together) and removal
     throw;
@@ -160,6 +190,12 @@ void ParallelOutputFile::write(int64_t b0, int64_t nb, const float* y) {
     fail(m.path, "/output/y", "rows [" + std::to_string(b0) + ", " + std::to_string(b0 + nb) +
                                   ") requested, expected a range inside [0, " + std::to_string(m.dims[0]) + ")");
   if (nb == 0 && m.independent) return;
+  if (m.raw) {
+    lock.unlock();  // no HDF5 call: the reader's HDF5 read goes on meanwhile
+    m.raw->write(b0, nb, y);
+    m.rows_written += nb;
+    return;
+  }
   Handle fspace, mspace;
   if (nb > 0) {
     fspace = select_rows(m.y.get(), m.dims, b0, nb, m.path, "/output/y");
@@ -192,8 +228,12 @@ void ParallelOutputFile::commit() {
   if (total != m.dims[0])
     fail(m.path, "/output/y", "expected all " + std::to_string(m.dims[0]) + " rows written before commit, found " +
                                   std::to_string(total));
-  // Collective flush and close (MPI_File_sync + close underneath), then one rank makes it durable
-  // and visible.
+  // posix: each rank's rows on disk (its own fsync: the ranks may not share a page cache when the
+  // mode was asked for across nodes). Then the collective flush and close (MPI_File_sync + close
+  // underneath), then one rank makes it durable and visible.
+  std::string raw_why = m.raw ? m.raw->finish(/*sync=*/true) : "";
+  if (!all_ok(raw_why.empty(), m.comm))
+    fail(m.path, "/output/y", raw_why.empty() ? "cannot sync the rows written on some rank" : raw_why);
   m.dxpl.close();
   m.write_back.reset();
   const bool closed = m.y.close() && m.group.close() && H5Fflush(m.file.get(), H5F_SCOPE_GLOBAL) >= 0 &&

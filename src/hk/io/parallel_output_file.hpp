@@ -8,10 +8,12 @@
 // Every member function except path(), temp_path() and discard() is collective over the
 // communicator: all ranks call it, in the same order. write() is one collective hyperslab write
 // in which each rank passes its own rows (or none); the rows of the ranks may lie anywhere.
-// HK_MPIIO_WRITE (rank 0's value counts) picks how: independent (the default: write() is then
-// not collective, a rank writes its rows alone and nb = 0 does nothing; a chunk is one contiguous
-// byte range, which two-phase aggregation only reshuffles), collective (two-phase MPI-IO) or
-// individual (collective HDF5 call, each rank's own MPI-IO write underneath).
+// HK_MPIIO_WRITE (rank 0's value counts) picks how: posix (the default when every rank is on one
+// node) or independent (the default otherwise): write() is then not collective, a rank writes its
+// rows alone and nb = 0 does nothing (a chunk is one contiguous byte range, which two-phase
+// aggregation only reshuffles); posix writes them with pwrite past HDF5 and MPI-IO (RawRows),
+// independent through parallel HDF5. collective (two-phase MPI-IO) or individual (collective HDF5
+// call, each rank's own MPI-IO write underneath) make write() collective.
 #pragma once
 
 #include <mpi.h>
@@ -20,11 +22,15 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace hk::io {
 
 class ParallelOutputFile {
  public:
+  // The values HK_MPIIO_WRITE takes.
+  static const std::vector<std::string>& write_modes();
+
   ParallelOutputFile(const std::string& path, int64_t B, int S, int D, MPI_Comm comm);
   ~ParallelOutputFile();
   ParallelOutputFile(const ParallelOutputFile&) = delete;

@@ -1,0 +1,29 @@
+#include "hk/io/finite.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace hk::io {
+
+int64_t first_nonfinite(const float* x, int64_t n) {
+  // A float is NaN or Inf when its 8 exponent bits are all set. Blocks of 4096 are OR-reduced
+  // without branches; only a block with a hit is searched element by element.
+  constexpr int64_t kBlock = 4096;
+  constexpr uint32_t kExp = 0x7f800000u;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t e = std::min(n, b + kBlock);
+    uint32_t hit = 0;
+    for (int64_t i = b; i < e; ++i) {
+      uint32_t u;
+      std::memcpy(&u, x + i, sizeof u);
+      hit |= uint32_t((u & kExp) == kExp);
+    }
+    if (hit)
+      for (int64_t i = b; i < e; ++i)
+        if (!std::isfinite(x[i])) return i;
+  }
+  return -1;
+}
+
+}  // namespace hk::io

@@ -1,0 +1,13 @@
+// The finiteness scan of a float32 array: the input check of every slice read and hk_forward's
+// check of every output chunk. Branch-free over blocks (the compiler vectorises it), so that a
+// chunk of tens of megabytes is scanned at memory speed instead of element by element.
+#pragma once
+
+#include <cstdint>
+
+namespace hk::io {
+
+// Index of the first NaN or +-Inf of x[0, n), or -1 when every element is finite.
+int64_t first_nonfinite(const float* x, int64_t n);
+
+}  // namespace hk::io
