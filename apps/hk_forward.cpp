@@ -32,6 +32,7 @@
 #include "host_buffers.hpp"
 #include "mpi_job.hpp"
 #include "pipeline.hpp"
+#include "trace.hpp"
 #include "validate_child.hpp"
 #include "hk/build_config.hpp"
 #include "hk/engine.hpp"
@@ -47,6 +48,7 @@ namespace {
 constexpr const char* kProgram = "hk_forward";
 
 struct Options {
+  std::string trace;  // --trace FILE
   std::string input, model, output;
   std::string precision = "fast";
   std::string backend = "auto";
@@ -311,6 +313,10 @@ class Output {
 int run(const Options& o, int* argc, char*** argv) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
+  hk::app::Trace& tr = hk::app::trace();
+  if (!o.trace.empty()) tr.enable(t0);
+  tr.name_thread("main (set-up, compute stage)");
+  using Span = hk::app::Trace::Span;
   std::string input = o.input, model_path, output = o.output.empty() ? "hk_out.h5" : o.output;
   double mem_cap = 0;
 
@@ -339,7 +345,8 @@ int run(const Options& o, int* argc, char*** argv) {
     const bool by_rank = !o.device_given && launch.launched;
     if (by_rank && launch.local_rank < 0) return;
     early_nvml = nvml_promise.get_future();
-    early_device = std::async(std::launch::async, [&o, launch, by_rank, &nvml_promise] {
+    early_device = std::async(std::launch::async, [&o, launch, by_rank, &nvml_promise, &tr] {
+      tr.name_thread("start-up");
       // The backend's probe first (its answer is kept: the main thread's later question does not
       // wait behind the context creation), then NVML's figure, then the context and libraries.
       // The promise is always kept (the main thread waits on it); failures are the main thread's
@@ -347,15 +354,20 @@ int run(const Options& o, int* argc, char*** argv) {
       const hk::Backend* b = nullptr;
       int d = -1;
       try {
-        b = &hk::select_backend(o.backend);
+        {
+          Span span(tr, "backend probe (CUDA driver start)");
+          b = &hk::select_backend(o.backend);
+        }
         const int gpus = b->name() == "cuda" ? hk::app::cuda_device_count() : 0;
         d = gpus < 1 ? -1 : by_rank ? launch.local_rank % gpus : o.device;
+        Span span(tr, "free device memory (NVML)");
         nvml_promise.set_value(d < 0 ? hk::app::DeviceMemory{} : hk::app::device_memory_nvml(d));
       } catch (...) {
         nvml_promise.set_value(hk::app::DeviceMemory{});
         return hk::app::DeviceMemory{};
       }
       if (d < 0) return hk::app::DeviceMemory{};
+      Span span(tr, "CUDA context and libraries");
       b->prepare(d);
       return hk::app::device_memory(d);
     });
@@ -373,6 +385,7 @@ int run(const Options& o, int* argc, char*** argv) {
                                                          child_bytes);
     }
     start_early_device();
+    Span span(tr, "validation child: model and input header");
     if (child) child->wait_header(interrupted);  // the model and the input's shapes and lengths
   } catch (const hk::Error& e) {
     setup_error = e.what();
@@ -380,7 +393,9 @@ int run(const Options& o, int* argc, char*** argv) {
   const double header_s = std::chrono::duration<double>(clock::now() - t0).count();
   double device_query_s = 0, output_s = 0;  // --stats: parts of the set-up
 
+  std::unique_ptr<Span> job_span = std::make_unique<Span>(tr, "MPI start-up");
   hk::app::Job job(argc, argv);
+  job_span.reset();
   // The start-up thread ends before MPI does (a setup failure leaves run() at once).
   struct JoinFirst {
     std::future<hk::app::DeviceMemory>& f;
@@ -402,11 +417,17 @@ int run(const Options& o, int* argc, char*** argv) {
   std::string backend_name;
   int device = o.device;
   try {
-    model = std::make_unique<hk::Model>(hk::io::read_model(model_path));
-    sizing.cache_bytes = cache_bytes_for(mem_cap);
-    in = std::make_unique<hk::io::InputFile>(input, model->config, sizing.cache_bytes);
+    {
+      Span span(tr, "read the model, open the input");
+      model = std::make_unique<hk::Model>(hk::io::read_model(model_path));
+      sizing.cache_bytes = cache_bytes_for(mem_cap);
+      in = std::make_unique<hk::io::InputFile>(input, model->config, sizing.cache_bytes);
+    }
     // The backend "auto" resolves to; an unknown or unusable one is an agreed setup error here.
-    backend_name = hk::select_backend(o.backend).name();
+    {
+      Span span(tr, "backend (waits for the probe)");
+      backend_name = hk::select_backend(o.backend).name();
+    }
     hk::app::DeviceMemory dev;
     int ranks_per_device = 1;
     if (backend_name == "cuda") {
@@ -415,6 +436,7 @@ int run(const Options& o, int* argc, char*** argv) {
       if (!o.device_given && job.mpi() && gpus > 0) device = job.local_rank() % gpus;
       if (gpus > 0) ranks_per_device = (job.local_size() + gpus - 1) / gpus;
       const auto t_query = clock::now();
+      Span span(tr, "free device memory (wait)");
       if (early_nvml.valid()) dev = early_nvml.get();
       if (dev.device != device) dev = hk::app::device_memory_nvml(device);  // not the device it guessed
       if (!dev.known && early_device.valid()) dev = early_device.get();     // no NVML: the context's figure
@@ -471,14 +493,18 @@ int run(const Options& o, int* argc, char*** argv) {
     eo.max_batch = int(chunk);
     eo.seq_len = S;
     eo.device = device;
-    const auto build = [&model, eo, &engine_s] {
+    const auto build = [&model, eo, &engine_s, &tr] {
       const auto t = clock::now();
+      Span span(tr, "engine build");
       auto e = hk::make_engine(*model, eo);
       engine_s = std::chrono::duration<double>(clock::now() - t).count();
       return e;
     };
     if (backend_name == "cuda" && !o.explain)
-      engine_future = std::async(std::launch::async, build);
+      engine_future = std::async(std::launch::async, [&build, &tr] {
+        tr.name_thread("engine");
+        return build();
+      });
     else
       engine = build();
   } catch (const std::bad_alloc&) {
@@ -557,7 +583,9 @@ int run(const Options& o, int* argc, char*** argv) {
   double commit_s = 0, check_s = 0;  // check_s: the compute stage's finiteness scan of y
   try {
     const auto t_output = clock::now();
+    std::unique_ptr<Span> out_span = std::make_unique<Span>(tr, "create the output file");
     out = std::make_unique<Output>(output, B, S, D, job);
+    out_span.reset();
     output_s = std::chrono::duration<double>(clock::now() - t_output).count();
 
     const bool has_lengths = in->has_lengths();
@@ -569,15 +597,26 @@ int run(const Options& o, int* argc, char*** argv) {
     hk::app::PipelineStages stages;
     stages.prepare = await_engine;
     stages.read = [&](int64_t b0, int64_t nb, float* x, int32_t* lengths) {
-      if (child) child->wait_rows(b0 + nb, interrupted);  // never touch rows the child has not survived
+      if (child) {
+        Span span(tr, "wait for the validation child");
+        child->wait_rows(b0 + nb, interrupted);  // never touch rows the child has not survived
+      }
       rows_read.store(std::max<int64_t>(rows_read.load(), b0 + nb));
+      Span span(tr, "HDF5 read and input check");
       in->read(b0, nb, x, lengths);
     };
     stages.compute = [&](int64_t b0, int64_t nb, const float* x, const int32_t* lengths, float* y) {
-      engine->forward(x, has_lengths ? lengths : nullptr, int(nb), y);
+      {
+        Span span(tr, "engine forward (copies in and out)");
+        engine->forward(x, has_lengths ? lengths : nullptr, int(nb), y);
+      }
       // MODEL.md: a finite input never yields NaN/Inf. Refuse to write one rather than pass it on.
       const auto t_check = clock::now();
-      const std::string bad = first_nonfinite(y, nb * S * D, b0, S, D);
+      std::string bad;
+      {
+        Span span(tr, "finiteness check of y");
+        bad = first_nonfinite(y, nb * S * D, b0, S, D);
+      }
       check_s += std::chrono::duration<double>(clock::now() - t_check).count();
       if (!bad.empty())
         throw hk::Error(output + ": /output/y: backend " + engine->backend() + " produced a non-finite value at " + bad +
@@ -591,8 +630,12 @@ int run(const Options& o, int* argc, char*** argv) {
     };
     stages.interrupted = [] { return g_interrupted != 0; };
     if (job.mpi()) stages.fatal = fatal;
-    st = hk::app::run_pipeline(grid, S, D, pin_device, stages);
+    {
+      Span span(tr, "pipeline");
+      st = hk::app::run_pipeline(grid, S, D, pin_device, stages);
+    }
     await_engine();  // a rank without chunks never ran the compute stage
+    std::unique_ptr<Span> attr_span = std::make_unique<Span>(tr, "output attributes");
     // Attributes now that the engine is known (collective in a job: every rank, same order).
     out->set_attribute("precision", hk::to_string(engine->precision()));
     out->set_attribute("backend", engine->backend());
@@ -603,8 +646,13 @@ int run(const Options& o, int* argc, char*** argv) {
     out->set_attribute("model_file", model_path);
     out->set_attribute("batch_chunk", std::to_string(chunk));
     out->set_attribute("ranks", std::to_string(job.size()));
-    if (child) child->finish(interrupted);  // the child's last word comes before the output is final
+    attr_span.reset();
+    if (child) {
+      Span span(tr, "validation child: finish");
+      child->finish(interrupted);  // the child's last word comes before the output is final
+    }
     const auto t_commit = clock::now();
+    Span span(tr, "commit (fsync, rename)");
     out->commit();
     commit_s = std::chrono::duration<double>(clock::now() - t_commit).count();
   } catch (const std::bad_alloc&) {
@@ -632,18 +680,30 @@ int run(const Options& o, int* argc, char*** argv) {
   // The engine's teardown (device memory, graphs, library handles), timed for --stats; the CUDA
   // context itself goes at process exit.
   const auto t_release = clock::now();
-  engine.reset();
+  {
+    Span span(tr, "engine release");
+    engine.reset();
+  }
   const double release_s = std::chrono::duration<double>(clock::now() - t_release).count();
   if (o.stats) {
     std::printf("%s: stats: rank=%d ranks=%d chunk=%lld chunks=%lld local_chunks=%lld mem_cap=%lld "
                 "peak_rss_kib=%lld read_s=%.3f compute_s=%.3f write_s=%.3f wall_s=%.3f setup_s=%.3f header_s=%.3f "
                 "device_query_s=%.3f output_s=%.3f engine_s=%.3f "
-                "engine_wait_s=%.3f pin_s=%.3f check_s=%.3f commit_s=%.3f release_s=%.3f%s\n",
+                "engine_wait_s=%.3f pin_s=%.3f pinned=%d/%d check_s=%.3f commit_s=%.3f release_s=%.3f%s\n",
                 kProgram, job.rank(), job.size(), (long long)chunk, (long long)n_chunks,
                 (long long)grid.local_chunks(), (long long)mem_cap, (long long)peak_rss_kib(), st.read_s, st.compute_s,
                 st.write_s, total_s, std::chrono::duration<double>(t_loop - t0).count(), header_s, device_query_s,
                 output_s, engine_s, st.prepare_s,
-                st.pin_s, check_s, commit_s, release_s, validation_stats().c_str());
+                st.pin_s, st.pinned, st.pin_tried, check_s, commit_s, release_s, validation_stats().c_str());
+  }
+  if (tr.on()) {
+    std::string path = o.trace;
+    if (job.size() > 1) {  // one file per rank: <stem>.rank<k><extension>
+      const std::filesystem::path p(o.trace);
+      path = (p.parent_path() / (p.stem().string() + ".rank" + std::to_string(job.rank()) + p.extension().string())).string();
+    }
+    const std::string why = tr.write(path, job.rank());
+    if (!why.empty()) std::fprintf(stderr, "%s: warning: --trace: %s\n", kProgram, why.c_str());
   }
   std::fflush(stdout);
   return 0;
@@ -683,6 +743,10 @@ int main(int argc, char** argv) {
                "page-locking the chunk buffers (pin_s), the finiteness check of y (check_s), the commit, the "
                "validation child's time and the time spent waiting for it (a failed single-process run prints "
                "how far the child and the reader got)");
+  app.add_option("--trace", o.trace,
+                 "write a timeline of the run to FILE (Chrome trace-event JSON, for Perfetto or chrome://tracing): "
+                 "set-up, start-up and engine threads, each chunk's read, compute and write and the waits between "
+                 "them; per rank as FILE's stem + .rank<k> in a job of several ranks");
   app.add_flag("--quiet", o.quiet, "no summary line (errors are still printed)");
   app.add_flag("--progress", o.progress, "show the progress bar even when stderr is not a terminal");
   app.add_flag("--explain", o.explain,

@@ -9,6 +9,7 @@
 
 #include "hk/error.hpp"
 #include "host_buffers.hpp"
+#include "trace.hpp"
 
 namespace hk::app {
 
@@ -85,16 +86,21 @@ class Pipeline {
   }
 
   void read_all(int64_t n) {
+    trace().name_thread("reader");
     for (int64_t i = 0; i < n; ++i) {
       Slot& s = x_[size_t(i) % x_.size()];
+      const int64_t k = g_.global_index(i);
       {
+        Trace::Span span(trace(), "wait for a free input buffer", k);
         std::unique_lock<std::mutex> lock(m_);
         if (!wait(lock, [&] { return !s.full; })) return;
       }
       check_interrupt();
-      const int64_t k = g_.global_index(i);
       const auto t = clock::now();
-      st_.read(g_.first_row(k), g_.rows(k), s.data.as<float>(), s.lengths.as<int32_t>());
+      {
+        Trace::Span span(trace(), "read", k);  // ends before the chunk is handed on
+        st_.read(g_.first_row(k), g_.rows(k), s.data.as<float>(), s.lengths.as<int32_t>());
+      }
       std::lock_guard<std::mutex> lock(m_);
       stats_.read_s += since(t);
       s.full = true;
@@ -105,30 +111,43 @@ class Pipeline {
   void compute_all(int64_t n) {
     if (n > 0) {
       auto t = clock::now();
-      if (st_.prepare) st_.prepare();
+      if (st_.prepare) {
+        Trace::Span span(trace(), "prepare (engine wait)");
+        st_.prepare();
+      }
       const double prepare_s = since(t);
       t = clock::now();
-      if (pin_device_ >= 0)
+      int pinned = 0, pin_tried = 0;
+      if (pin_device_ >= 0) {
+        Trace::Span span(trace(), "page-lock chunk buffers");
         for (auto* slots : {&x_, &y_})
           for (Slot& s : *slots) {
-            s.data.pin(pin_device_);
-            s.lengths.pin(pin_device_);
+            pinned += int(s.data.pin(pin_device_)) + int(s.lengths.pin(pin_device_));
+            pin_tried += int(s.data.bytes() > 0) + int(s.lengths.bytes() > 0);
           }
+      }
       std::lock_guard<std::mutex> lock(m_);
       stats_.prepare_s = prepare_s;
       stats_.pin_s = since(t);
+      stats_.pinned = pinned;
+      stats_.pin_tried = pin_tried;
     }
     for (int64_t i = 0; i < n; ++i) {
       Slot& in = x_[size_t(i) % x_.size()];
       Slot& out = y_[i % 2];
+      const int64_t k = g_.global_index(i);
       {
+        Trace::Span span(trace(), "wait for input and an output buffer", k);
         std::unique_lock<std::mutex> lock(m_);
         if (!wait(lock, [&] { return in.full && !out.full; })) return;
       }
       check_interrupt();
-      const int64_t k = g_.global_index(i);
       const auto t = clock::now();
-      st_.compute(g_.first_row(k), g_.rows(k), in.data.as<float>(), in.lengths.as<int32_t>(), out.data.as<float>());
+      {
+        Trace::Span span(trace(), "compute", k);  // ends before the chunk is handed on
+        st_.compute(g_.first_row(k), g_.rows(k), in.data.as<float>(), in.lengths.as<int32_t>(),
+                    out.data.as<float>());
+      }
       std::lock_guard<std::mutex> lock(m_);
       stats_.compute_s += since(t);
       in.full = false;
@@ -138,15 +157,20 @@ class Pipeline {
   }
 
   void write_all(int64_t n) {
+    trace().name_thread("writer");
     for (int64_t i = 0; i < n; ++i) {
       Slot& s = y_[i % 2];
+      const int64_t k = g_.global_index(i);
       {
+        Trace::Span span(trace(), "wait for output", k);
         std::unique_lock<std::mutex> lock(m_);
         if (!wait(lock, [&] { return s.full; })) return;
       }
-      const int64_t k = g_.global_index(i);
       const auto t = clock::now();
-      st_.write(g_.first_row(k), g_.rows(k), s.data.as<float>());
+      {
+        Trace::Span span(trace(), "write", k);
+        st_.write(g_.first_row(k), g_.rows(k), s.data.as<float>());
+      }
       PipelineStats snapshot;
       {
         std::lock_guard<std::mutex> lock(m_);

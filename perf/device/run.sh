@@ -232,6 +232,21 @@ if want e2e; then
     done
     echo "diagnostic: hk_forward --no-fork-validate:" >> "$e2e_txt"
     e2e_time "${fwd[@]}" --no-fork-validate && echo "  ${e2e_ms} ms" >> "$e2e_txt"
+    # Timelines (hk_forward --trace) of a default run and of each HK_E2E_TRACE_ENVS setting
+    # (space-separated VAR=value, e.g. "HK_PACK=0 HK_GRAPH=0"): the JSON files and a text form.
+    trace_envs=(default ${HK_E2E_TRACE_ENVS:-})
+    for te in "${trace_envs[@]}"; do
+      tag=${te//[^A-Za-z0-9]/_}
+      echo "diagnostic: traced run ($te):" >> "$e2e_txt"
+      if [ "$te" = default ]; then
+        e2e_time "${fwd[@]}" --trace "$OUT/e2e-trace-$tag.json"
+      else
+        e2e_time env "$te" "${fwd[@]}" --trace "$OUT/e2e-trace-$tag.json"
+      fi
+      echo "  ${e2e_ms} ms" >> "$e2e_txt"
+      [ -f "$OUT/e2e-trace-$tag.json" ] &&
+        python3 "$root/perf/device/trace_summary.py" "$OUT/e2e-trace-$tag.json" > "$OUT/e2e-trace-$tag.txt" 2>&1
+    done
   fi
   rm -f "$e2e_in" "$e2e_out"
   if [ $e2e_fail -eq 0 ] && [ ${#base_ms[@]} -gt 0 ] && [ ${#fwd_ms[@]} -gt 0 ]; then

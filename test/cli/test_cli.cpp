@@ -10,6 +10,9 @@
 #include <cstring>
 #include <limits>
 
+#include <nlohmann/json.hpp>
+#include <set>
+
 #include "h5_test_util.hpp"
 #include "naive_forward.hpp"
 
@@ -174,6 +177,58 @@ TEST_P(BatchChunk, OneSequencePerChunkMatchesOneChunk) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, BatchChunk, ::testing::Values("fast", "fp32", "reference"));
+
+// --trace: a Chrome trace-event file whose read, compute and write spans cover every chunk once,
+// each on its own named thread, in order read < compute < write for a chunk, inside the run.
+TEST(HkForward, TraceCoversEveryChunkOnItsThread) {
+  ScratchDir dir;
+  const Result r = run({g_forward, "--input", sample(), "--output", "y.h5", "--batch-chunk", "1", "--trace",
+                        "run.json", "--quiet"},
+                       dir.path(""));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(read_bytes(dir.path("run.json")));
+  const io::OutputData y = io::read_output(dir.path("y.h5"));
+  std::map<int, std::string> thread;
+  std::map<std::string, std::map<int64_t, std::pair<double, double>>> span;  // name -> chunk -> [begin, end)
+  std::map<std::string, std::set<int>> tids;
+  double last_end = 0;
+  for (const auto& e : j.at("traceEvents")) {
+    if (e.at("ph") == "M" && e.at("name") == "thread_name") thread[e.at("tid").get<int>()] = e.at("args").at("name");
+    if (e.at("ph") != "X") continue;
+    const double b = e.at("ts").get<double>(), d = e.at("dur").get<double>();
+    EXPECT_GE(b, 0.0);
+    EXPECT_GE(d, 0.0);
+    last_end = std::max(last_end, b + d);
+    const std::string name = e.at("name");
+    tids[name].insert(e.at("tid").get<int>());
+    if (e.contains("args") && e.at("args").contains("chunk")) {
+      const int64_t k = e.at("args").at("chunk");
+      EXPECT_EQ(span[name].count(k), 0u) << name << " chunk " << k << " twice";
+      span[name][k] = {b, b + d};
+    }
+  }
+  for (const char* stage : {"read", "compute", "write"}) {
+    ASSERT_EQ(span[stage].size(), size_t(y.B)) << stage;
+    ASSERT_EQ(tids[stage].size(), 1u) << stage << " on several threads";
+  }
+  EXPECT_EQ(thread[*tids["read"].begin()], "reader");
+  EXPECT_EQ(thread[*tids["write"].begin()], "writer");
+  EXPECT_NE(*tids["compute"].begin(), *tids["read"].begin());
+  for (int64_t k = 0; k < y.B; ++k) {
+    EXPECT_LE(span["read"][k].second, span["compute"][k].first) << "chunk " << k;
+    EXPECT_LE(span["compute"][k].second, span["write"][k].first) << "chunk " << k;
+  }
+  ASSERT_EQ(span["commit (fsync, rename)"].size(), 0u);  // not per chunk
+  EXPECT_EQ(tids["commit (fsync, rename)"].size(), 1u);
+  EXPECT_GT(last_end, 0.0);
+  // An unwritable trace path: the run still succeeds (its output is committed), with a warning.
+  const Result bad = run({g_forward, "--input", sample(), "--output", "y2.h5", "--trace", "missing/run.json",
+                          "--quiet"},
+                         dir.path(""));
+  EXPECT_EQ(bad.status, 0) << bad.err;
+  EXPECT_NE(bad.err.find("hk_forward: warning: --trace: cannot create missing/run.json"), std::string::npos) << bad.err;
+  EXPECT_TRUE(std::filesystem::exists(dir.path("y2.h5")));
+}
 
 TEST(HkForward, BadModelGivesOneLineAndNoOutput) {
   ScratchDir dir;

@@ -43,7 +43,7 @@ class Hk(CMakePackage, CudaPackage):
     depends_on("kokkos-kernels@3.4:")
     depends_on("cli11@2:", type="build")  # header-only, used by the tools
     depends_on("fmt", type="build")  # required at configure time; no hk library links it
-    depends_on("nlohmann-json@3:", type="build")  # header-only, the tune cache (src/hk/tune)
+    depends_on("nlohmann-json@3:", type="build")  # header-only: the tune cache, hk_forward --trace
     depends_on("googletest", when="+tests")
     depends_on("benchmark@1.6:", when="+perf")  # random interleaving of repetitions
     depends_on("mpi", when="+mpi")

@@ -39,6 +39,7 @@ herr_t innermost(unsigned n, const H5E_error2_t* err, void* data) {
 }  // namespace
 
 std::string h5_reason() {
+  std::lock_guard<std::recursive_mutex> lock(h5_mutex());  // callers may be outside it
   std::string reason;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, innermost, &reason);
   H5Eclear2(H5E_DEFAULT);
@@ -140,7 +141,8 @@ void WriteBack::start() const noexcept {
 RawRows::RawRows(const std::string& file, const std::string& object, const std::string& path, uint64_t offset,
                  uint64_t row_bytes)
     : file_(file), object_(object), fd_(::open(path.c_str(), O_WRONLY | O_CLOEXEC)), offset_(offset), row_bytes_(row_bytes) {
-  if (fd_ < 0) fail(file, object, "cannot open the temporary output file " + path + " for writing (" + std::strerror(errno) + ")");
+  const int err = errno;
+  if (fd_ < 0) fail(file, object, "cannot open the temporary output file " + path + " for writing (" + std::strerror(err) + ")");
 }
 
 RawRows::~RawRows() {
@@ -153,10 +155,11 @@ void RawRows::write(int64_t b0, int64_t nb, const void* data) const {
   for (uint64_t done = 0; done < bytes;) {
     const ssize_t w = ::pwrite(fd_, p + done, size_t(std::min<uint64_t>(bytes - done, uint64_t(1) << 30)),
                                off_t(begin + done));
-    if (w < 0 && errno == EINTR) continue;
+    const int err = errno;
+    if (w < 0 && err == EINTR) continue;
     if (w <= 0)
       fail(file_, object_, "cannot write rows [" + std::to_string(b0) + ", " + std::to_string(b0 + nb) + ") (" +
-                               (w < 0 ? std::strerror(errno) : "no progress") + ")");
+                               (w < 0 ? std::strerror(err) : "no progress") + ")");
     done += uint64_t(w);
   }
   ::sync_file_range(fd_, off_t(begin), off_t(bytes), SYNC_FILE_RANGE_WRITE);  // best effort
@@ -165,8 +168,14 @@ void RawRows::write(int64_t b0, int64_t nb, const void* data) const {
 std::string RawRows::finish(bool sync) {
   if (fd_ < 0) return "";
   std::string why;
-  if (sync && ::fsync(fd_) != 0) why = std::string("cannot sync the rows written (") + std::strerror(errno) + ")";
-  if (::close(fd_) != 0 && why.empty()) why = std::string("cannot close the output file (") + std::strerror(errno) + ")";
+  if (sync && ::fsync(fd_) != 0) {
+    const int err = errno;
+    why = std::string("cannot sync the rows written (") + std::strerror(err) + ")";
+  }
+  if (::close(fd_) != 0 && why.empty()) {
+    const int err = errno;
+    why = std::string("cannot close the output file (") + std::strerror(err) + ")";
+  }
   fd_ = -1;
   return why;
 }

@@ -27,6 +27,7 @@ struct InputFile::Impl {
   int S = 0, D = 0;
   FloatKind x_kind = FloatKind::f32;
   size_t cache_bytes = kDefaultChunkCacheBytes;
+  std::vector<uint16_t> half;  // staging for float16 x (read() runs on one thread at a time)
 
   void open(int expected_d);
   void validate_lengths();
@@ -129,7 +130,8 @@ void InputFile::read(int64_t b0, int64_t nb, float* x, int32_t* lengths) {
   if (nb == 0) return;
   const int64_t per_seq = int64_t(m.S) * m.D;
   const int64_t n = nb * per_seq;
-  std::vector<uint16_t> half(m.x_kind == FloatKind::f16 ? size_t(n) : 0);  // staging for float16 x
+  std::vector<uint16_t>& half = m.half;
+  half.resize(m.x_kind == FloatKind::f16 ? size_t(n) : 0);
   std::vector<int64_t> len(lengths && m.lengths.valid() ? size_t(nb) : 0);
   {
     // HDF5 calls only under the lock: the conversions and checks below run beside another

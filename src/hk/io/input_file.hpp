@@ -38,6 +38,7 @@ class InputFile {
 
   // Sequences [b0, b0 + nb): x [nb, S, D] as float32 and lengths [nb] (all S when the file
   // has none; `lengths` may be null). Throws hk::Error naming the first NaN/Inf of the slice.
+  // One thread at a time (the HDF5 calls hold hk::io's lock; the checks after them do not).
   void read(int64_t b0, int64_t nb, float* x, int32_t* lengths);
 
  private:

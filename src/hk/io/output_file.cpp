@@ -144,9 +144,10 @@ void OutputFile::commit() {
   if (m.next_row != m.dims[0])
     fail(m.path, "/output/y", "expected all " + std::to_string(m.dims[0]) + " rows written before commit, found " +
                                   std::to_string(m.next_row));
-  // The rows' descriptor first (the rename's fsync below covers their data), then HDF5's metadata.
+  // The rows first, synced on their own descriptor (a write-back error is reported to a
+  // descriptor open when it happens), then HDF5's metadata; the rename's fsync then has little left.
   if (m.raw) {
-    const std::string why = m.raw->finish(/*sync=*/false);
+    const std::string why = m.raw->finish(/*sync=*/true);
     if (!why.empty()) fail(m.path, "/output/y", why);
   }
   const bool closed = m.y.close() && m.group.close() && H5Fflush(m.file.get(), H5F_SCOPE_GLOBAL) >= 0 &&

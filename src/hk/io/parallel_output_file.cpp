@@ -182,20 +182,19 @@ void ParallelOutputFile::set_attribute(const std::string& name, const std::strin
 }
 
 void ParallelOutputFile::write(int64_t b0, int64_t nb, const float* y) {
-  std::unique_lock<std::recursive_mutex> lock(h5_mutex());
-  init();
   Impl& m = *impl_;
   if (m.committed) throw Error(m.path + ": /output/y: already committed, cannot write");
   if (nb < 0 || b0 < 0 || b0 > m.dims[0] - nb)
     fail(m.path, "/output/y", "rows [" + std::to_string(b0) + ", " + std::to_string(b0 + nb) +
                                   ") requested, expected a range inside [0, " + std::to_string(m.dims[0]) + ")");
   if (nb == 0 && m.independent) return;
-  if (m.raw) {
-    lock.unlock();  // no HDF5 call: the reader's HDF5 read goes on meanwhile
+  if (m.raw) {  // no HDF5 call and not the HDF5 lock: the reader's HDF5 read goes on meanwhile
     m.raw->write(b0, nb, y);
     m.rows_written += nb;
     return;
   }
+  std::unique_lock<std::recursive_mutex> lock(h5_mutex());
+  init();
   Handle fspace, mspace;
   if (nb > 0) {
     fspace = select_rows(m.y.get(), m.dims, b0, nb, m.path, "/output/y");
