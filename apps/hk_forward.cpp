@@ -501,7 +501,7 @@ int run(const Options& o, int* argc, char*** argv) {
       return e;
     };
     if (backend_name == "cuda" && !o.explain)
-      engine_future = std::async(std::launch::async, [&build, &tr] {
+      engine_future = std::async(std::launch::async, [build, &tr] {  // build by value: it is local to this block
         tr.name_thread("engine");
         return build();
       });
