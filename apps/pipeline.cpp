@@ -110,25 +110,41 @@ class Pipeline {
 
   void compute_all(int64_t n) {
     if (n > 0) {
+      // Page-locking (which waits for the device's context) beside `prepare` (the engine).
+      int pinned = 0, pin_tried = 0;
+      double pin_s = 0;
+      std::thread pinner;
+      if (pin_device_ >= 0)
+        pinner = std::thread([&] {
+          trace().name_thread("page-locking");
+          Trace::Span span(trace(), "page-lock chunk buffers");
+          const auto t = clock::now();
+          for (auto* slots : {&x_, &y_})
+            for (Slot& s : *slots) {
+              pinned += int(s.data.pin(pin_device_)) + int(s.lengths.pin(pin_device_));
+              pin_tried += int(s.data.bytes() > 0) + int(s.lengths.bytes() > 0);
+            }
+          pin_s = since(t);
+        });
+      struct Join {
+        std::thread& t;
+        ~Join() {
+          if (t.joinable()) t.join();
+        }
+      } join{pinner};
       auto t = clock::now();
       if (st_.prepare) {
         Trace::Span span(trace(), "prepare (engine wait)");
         st_.prepare();
       }
       const double prepare_s = since(t);
-      t = clock::now();
-      int pinned = 0, pin_tried = 0;
-      if (pin_device_ >= 0) {
-        Trace::Span span(trace(), "page-lock chunk buffers");
-        for (auto* slots : {&x_, &y_})
-          for (Slot& s : *slots) {
-            pinned += int(s.data.pin(pin_device_)) + int(s.lengths.pin(pin_device_));
-            pin_tried += int(s.data.bytes() > 0) + int(s.lengths.bytes() > 0);
-          }
+      if (pinner.joinable()) {
+        Trace::Span span(trace(), "wait for page-locking");
+        pinner.join();
       }
       std::lock_guard<std::mutex> lock(m_);
       stats_.prepare_s = prepare_s;
-      stats_.pin_s = since(t);
+      stats_.pin_s = pin_s;
       stats_.pinned = pinned;
       stats_.pin_tried = pin_tried;
     }
@@ -196,7 +212,11 @@ class Pipeline {
   ChunkGrid g_;
   const PipelineStages& st_;
   int pin_device_ = -1;
-  std::vector<Slot> x_ = std::vector<Slot>(2), y_ = std::vector<Slot>(2);
+
+ public:
+  std::vector<Slot> x_ = std::vector<Slot>(2), y_ = std::vector<Slot>(2);  // handed over by `keep`
+
+ private:
   std::mutex m_;
   std::condition_variable cv_;
   bool stop_ = false;
@@ -206,9 +226,21 @@ class Pipeline {
 
 }  // namespace
 
-PipelineStats run_pipeline(const ChunkGrid& grid, int S, int D, int pin_device, const PipelineStages& stages) {
-  Pipeline p(grid, S, D, pin_device, stages);
-  return p.run();
+PipelineStats run_pipeline(const ChunkGrid& grid, int S, int D, int pin_device, const PipelineStages& stages,
+                           std::shared_ptr<void>* keep) {
+  auto p = std::make_shared<Pipeline>(grid, S, D, pin_device, stages);
+  const PipelineStats st = p->run();
+  if (keep) {
+    // Only the buffers outlive the call (the rest refers to the caller's stages).
+    struct Buffers {
+      std::vector<Slot> x, y;
+    };
+    auto b = std::make_shared<Buffers>();
+    b->x = std::move(p->x_);
+    b->y = std::move(p->y_);
+    *keep = std::move(b);
+  }
+  return st;
 }
 
 }  // namespace hk::app

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 namespace hk::app {
@@ -63,14 +64,18 @@ struct PipelineStages {
 // Buffers: input_buffers(pin_device >= 0) x + 2 y chunk buffers of chunk * S * D floats and a lengths
 // buffer per x buffer. `pin_device` -1:
 // ordinary memory, touched at allocation; >= 0 (CUDA): allocated untouched and page-locked
-// (registered for that device) on the compute thread after `prepare`, while the reader is
-// already filling them. Throws the first failure of any stage (after stopping the others).
-PipelineStats run_pipeline(const ChunkGrid& grid, int S, int D, int pin_device, const PipelineStages& stages);
+// (registered for that device) on a thread of their own while `prepare` runs and the reader is
+// already filling them; the compute stage starts once both are done. Throws the first failure
+// of any stage (after stopping the others). With `keep` set the buffers are handed over there
+// instead of being released on return (releasing page-locked memory takes time the caller may
+// rather spend after its commit).
+PipelineStats run_pipeline(const ChunkGrid& grid, int S, int D, int pin_device, const PipelineStages& stages,
+                           std::shared_ptr<void>* keep = nullptr);
 
-// Input chunk buffers: 2, or 4 with a GPU: while the CUDA context and the engine are still being
-// made (a few tenths of a second) the reader reads up to four chunks ahead instead of stopping
-// after two, and the writes start that much earlier.
-inline int input_buffers(bool gpu) { return gpu ? 4 : 2; }
+// Input chunk buffers: 2, or 6 with a GPU: while the CUDA context and the engine are made and
+// warmed up (about half a second) the reader reads up to six chunks ahead instead of stopping
+// after two, and the rest of the run is shorter by that much.
+inline int input_buffers(bool gpu) { return gpu ? 6 : 2; }
 // Bytes the pipeline holds per sequence of a chunk (its buffers).
 inline double pipeline_bytes_per_sequence(int S, int D, bool gpu) {
   const double x_buffers = input_buffers(gpu);

@@ -333,7 +333,9 @@ struct CudaEngine::Impl {
   void warm_up(Plan& p, const Ctx& c, cudaStream_t caller_stream);
   void run(int B, const float* x, const int32_t* lengths, float* y, cudaStream_t s, int64_t tokens);
   void check_batch(int B, const char* what) const;
-  void synthetic_host_input(int B);
+  // x_in: a synthetic input of B sequences; lengths_in: all S, or `tokens` (>= 0) valid
+  // positions spread evenly over the B sequences.
+  void synthetic_host_input(int B, int64_t tokens = -1);
   float* next_output() {
     float* y = buf.y[next_out];
     next_out ^= 1;
@@ -1475,12 +1477,22 @@ void CudaEngine::Impl::run(int B, const float* x, const int32_t* lengths, float*
 
 // A fixed synthetic input (MODEL.md's distribution, every position valid) in the host path's
 // buffers, for planning without the caller's data (explain, prepare without x).
-void CudaEngine::Impl::synthetic_host_input(int B) {
+void CudaEngine::Impl::synthetic_host_input(int B, int64_t tokens) {
   const std::vector<float> x = synthetic_input(B, S, cfg.d_model, 0x7e57);
+  std::vector<int32_t> len;
+  if (tokens >= 0) {
+    tokens = std::min<int64_t>(tokens, int64_t(B) * S);
+    len.resize(size_t(B));
+    for (int b = 0; b < B; ++b) len[size_t(b)] = int32_t(tokens / B + (b < tokens % B ? 1 : 0));
+  }
   HK_CUDA_CHECK(cudaStreamWaitEvent(stream, done, 0));
   HK_CUDA_CHECK(cudaMemcpyAsync(buf.x_in, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
-  HK_CUDA_CHECK(cudaMemcpyAsync(buf.lengths_in, buf.lengths_full, size_t(B) * sizeof(int32_t),
-                                cudaMemcpyDeviceToDevice, stream));
+  if (tokens >= 0)
+    HK_CUDA_CHECK(cudaMemcpyAsync(buf.lengths_in, len.data(), len.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                  stream));
+  else
+    HK_CUDA_CHECK(cudaMemcpyAsync(buf.lengths_in, buf.lengths_full, size_t(B) * sizeof(int32_t),
+                                  cudaMemcpyDeviceToDevice, stream));
   HK_CUDA_CHECK(cudaStreamSynchronize(stream));
   HK_CUDA_CHECK(cudaEventRecord(done, stream));
 }
@@ -1595,10 +1607,17 @@ void CudaEngine::prepare(int B, const float* x, const int32_t* lengths, float* y
     m.check_batch(B, "prepare");
     if (B == 0) return;
     HK_CUDA_CHECK(cudaSetDevice(m.device));
-    // Without x the host path's synthetic input (all positions valid) plans the dense B.
-    Plan& p = m.plan(B, m.rows_for(B, x && lengths ? tokens : -1));
+    // Without x the host path's synthetic input (all positions valid, or `tokens` of them) plans
+    // the dense B (or the padding-free plan of that many tokens).
+    const int64_t host_tokens = x ? -1 : tokens < 0 ? -1 : std::min<int64_t>(tokens, int64_t(B) * m.S);
+    Plan& p = m.plan(B, m.rows_for(B, x && lengths ? tokens : host_tokens));
     std::vector<GraphKey> keys;
-    if (!x) {
+    if (!x && host_tokens >= 0) {
+      // Lengths summing to `tokens` always (whether planned or not): the padding-free plan's rows
+      // must hold them.
+      m.synthetic_host_input(B, host_tokens);
+      for (float* out : m.buf.y) keys.push_back({B, m.buf.x_in, m.buf.lengths_in, out, p.T});
+    } else if (!x) {
       // The host path's buffers hold whatever the last host call left (or nothing yet): give
       // the warm-up valid lengths, and a tuning engine's measurements a synthetic input.
       if (!p.planned) {
@@ -1638,6 +1657,8 @@ void CudaEngine::prepare(int B, const float* x, const int32_t* lengths, float* y
     HK_CUDA_CHECK(cudaStreamSynchronize(m.capture_stream));
   });
 }
+
+void CudaEngine::warm_up(int B, int64_t tokens) { prepare(B, nullptr, nullptr, nullptr, tokens < 0 ? -1 : tokens); }
 
 TuneReport CudaEngine::tune_report(int B) const {
   auto it = impl_->last_plan.find(B);

@@ -91,6 +91,9 @@ class CudaEngine : public Engine {
   std::string backend() const override;
   std::string device() const override;
   Precision precision() const override;
+  // prepare(B, nullptr, nullptr, nullptr, tokens): the host path's plan and graphs for a batch
+  // holding `tokens` valid positions.
+  void warm_up(int B, int64_t tokens) override;
   // Host arrays: x, lengths staged through pinned buffers (allocated on the first call), the
   // forward run on the engine's stream, y copied back; returns when y is written.
   void forward(const float* x, const int32_t* lengths, int B, float* y) override;
@@ -113,7 +116,9 @@ class CudaEngine : public Engine {
 
   // Plans B now (descriptors, algorithms, attention preparation); in graph mode also warms up
   // (one real forward: y is overwritten) and captures the graphs of
-  //   x null:            the host path forward() (both alternating outputs)
+  //   x null:            the host path forward() (both alternating outputs), on a synthetic
+  //                      input: every position valid, or `tokens` >= 0 valid positions in all
+  //                      (the plan of a padding-free batch of that many tokens)
   //   x set, y null:     forward_device(x, lengths, B, stream) (both engine-owned outputs)
   //   x and y set:       forward_device(x, lengths, B, y, stream)
   // Keeps setup out of timed loops. Synchronous.

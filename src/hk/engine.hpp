@@ -31,6 +31,10 @@ class Engine {
   virtual void forward(const float* x, const int32_t* lengths, int B, float* y) = 0;
   // The kernel plan for a batch of B sequences, one line per kernel.
   virtual std::string explain(int B) const = 0;
+  // Optional: pays ahead what the first forward() of B sequences holding `tokens` valid positions
+  // in all would pay once (planning, library set-up, graph capture), on synthetic data, e.g. on
+  // another thread while the input is read. Results are unaffected. Default: nothing.
+  virtual void warm_up(int B, int64_t tokens) { (void)B, (void)tokens; }
 };
 
 // A backend: a named factory of engines.

@@ -18,7 +18,8 @@
 // alternatives (flash.q16, [K,N] weights, algorithm #1) within budget. TuneCuda checks the
 // numeric guard's reduction against its host reference and the candidate timer.
 // Padding-free execution (PaddingFree): HK_PACK pinned on, untuned and tuned, host and device
-// paths, bucket reuse, a wrong token count reported, fp32; padded rows exactly 0.
+// paths, bucket reuse, warm_up ahead of the first forward, a wrong token count reported, fp32;
+// padded rows exactly 0.
 // The whole-model kernel (WholeModelKernel): pinned and tuned, and in-place forwards (y == x).
 // Exits 77 (skipped) without a GPU (gpu_test_main.cpp).
 #include <gtest/gtest.h>
@@ -505,6 +506,15 @@ int run_packed_case(const Case& c, const std::string& cache_dir) {
         e->forward(x1.data(), l2.data(), c.B, y2.data());
         const double r2 = hk::test::budget_ratio(y2.data(), ref2);
         t.row("packed/relengths", "ratio " + fmt("%.3g", r2), r2 <= 1.0 && padded_rows_zero(y2, l2));
+      }
+      // warm_up(B, tokens) on a fresh engine (synthetic input of that many tokens: the same
+      // plan and graphs), then the real forward: the bits of an engine without warm-up.
+      {
+        auto ew = run.engine(Precision::fast, r);
+        ew->warm_up(c.B, tokens);
+        std::vector<float> yw(n, NAN);
+        ew->forward(x1.data(), lengths.data(), c.B, yw.data());
+        t.row("packed/warm-up", "== bits without", same_bits(yw, yh) && padded_rows_zero(yw, lengths));
       }
       // Too few tokens for the lengths: the packing kernel writes no row beyond its bucket and
       // raises its flag; the next host-path call reports it (and clears it).

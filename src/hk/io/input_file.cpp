@@ -1,5 +1,6 @@
 #include "hk/io/input_file.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -177,6 +178,26 @@ void InputFile::read(int64_t b0, int64_t nb, float* x, int32_t* lengths) {
                                          std::to_string(len[size_t(k)]) + " at [" + std::to_string(b0 + k) + "]");
     lengths[k] = int32_t(len[size_t(k)]);
   }
+}
+
+int64_t InputFile::valid_tokens(int64_t b0, int64_t nb) {
+  Impl& m = *impl_;
+  if (b0 < 0 || nb < 0 || b0 > m.B - nb)
+    fail(m.path, "/input/lengths", "sequences [" + std::to_string(b0) + ", " + std::to_string(b0 + nb) +
+                                       ") requested, expected a range inside [0, " + std::to_string(m.B) + ")");
+  if (!m.lengths.valid() || nb == 0) return nb * m.S;
+  std::vector<int64_t> len(static_cast<size_t>(nb));
+  {
+    std::lock_guard<std::recursive_mutex> lock(h5_mutex());
+    init();
+    Handle lf = select_rows(m.lengths.get(), {m.B}, b0, nb, m.path, "/input/lengths");
+    Handle lm = simple_space({nb}, m.path, "/input/lengths");
+    if (H5Dread(m.lengths.get(), H5T_NATIVE_INT64, lm.get(), lf.get(), H5P_DEFAULT, len.data()) < 0)
+      fail_h5(m.path, "/input/lengths", "expected readable data, found a read error (truncated or damaged file?)");
+  }
+  int64_t t = 0;
+  for (const int64_t l : len) t += std::clamp<int64_t>(l, 0, m.S);  // read() reports values out of range
+  return t;
 }
 
 void write_input(const std::string& path, int64_t B, int S, int D, const float* x, const int32_t* lengths,

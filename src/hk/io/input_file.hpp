@@ -40,6 +40,9 @@ class InputFile {
   // has none; `lengths` may be null). Throws hk::Error naming the first NaN/Inf of the slice.
   // One thread at a time (the HDF5 calls hold hk::io's lock; the checks after them do not).
   void read(int64_t b0, int64_t nb, float* x, int32_t* lengths);
+  // The valid positions of sequences [b0, b0 + nb): the sum of their lengths (nb * S without
+  // lengths). Reads only /input/lengths.
+  int64_t valid_tokens(int64_t b0, int64_t nb);
 
  private:
   struct Impl;
