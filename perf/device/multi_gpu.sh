@@ -29,7 +29,7 @@
 #   HK_MGPU_REPS        timed runs of each configuration, the median counts [5]
 #   HK_MGPU_TARGET      weak-scaling efficiency target [0.90]
 #   HK_MGPU_WRITE_MODES the N-rank runs repeat under each HK_MPIIO_WRITE mode listed
-#                       [posix independent collective]; the verdict takes the mode with the fastest median
+#                       [independent posix collective]; the verdict takes the mode with the fastest median
 #   HK_MGPU_MPIRUN_ARGS mpirun options [--bind-to none: a rank's reader, writer and compute
 #                       threads must not share one core, and the host BLAS thread count (the
 #                       kokkos backend's bits) must not follow the binding]
@@ -46,7 +46,7 @@ reps=${HK_MGPU_REPS:-5}
 target=${HK_MGPU_TARGET:-0.90}
 mpirun_args=${HK_MGPU_MPIRUN_ARGS:---bind-to none}
 work=${HK_MGPU_WORK:-/tmp/hk-mgpu}
-modes=${HK_MGPU_WRITE_MODES:-posix independent collective}
+modes=${HK_MGPU_WRITE_MODES:-independent posix collective}
 txt=$OUT/multigpu.txt
 log=$OUT/multigpu.log
 mkdir -p "$OUT"

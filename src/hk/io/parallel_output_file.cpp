@@ -81,22 +81,12 @@ ParallelOutputFile::ParallelOutputFile(const std::string& path, int64_t B, int S
   const bool is_dir = rank == 0 && ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
   if (!all_ok(!is_dir, comm)) fail(path, "/", "expected a file path for the output, found a directory");
   // The write mode (HK_MPIIO_WRITE), agreed: rank 0's value, so that every rank makes the same calls.
-  // Unset: "posix" when every rank runs on this node (one page cache: plain pwrite of disjoint
-  // byte ranges is coherent), else "independent" (MPI-IO keeps a shared file system coherent).
-  MPI_Comm node = MPI_COMM_NULL;
-  int ranks = 1, node_ranks = 0;
-  MPI_Comm_size(comm, &ranks);
-  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  if (node != MPI_COMM_NULL) {
-    MPI_Comm_size(node, &node_ranks);
-    MPI_Comm_free(&node);
-  }
-  const bool one_node = all_ok(node_ranks == ranks, comm);
+  // Unset: "independent" (measured faster than "posix" with 2 ranks on one node, perf/RESULTS.md).
   std::string mode;
   if (rank == 0) {
     try {
       mode = tune::knob_choice("HK_MPIIO_WRITE", write_modes());
-      if (mode.empty()) mode = one_node ? "posix" : "independent";
+      if (mode.empty()) mode = "independent";
     } catch (const Error& e) {
       mode = std::string("!") + e.what();  // every rank fails with rank 0's message
     }

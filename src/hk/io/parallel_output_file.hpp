@@ -8,8 +8,8 @@
 // Every member function except path(), temp_path() and discard() is collective over the
 // communicator: all ranks call it, in the same order. write() is one collective hyperslab write
 // in which each rank passes its own rows (or none); the rows of the ranks may lie anywhere.
-// HK_MPIIO_WRITE (rank 0's value counts) picks how: posix (the default when every rank is on one
-// node) or independent (the default otherwise): write() is then not collective, a rank writes its
+// HK_MPIIO_WRITE (rank 0's value counts) picks how: independent (the default) or posix: write()
+// is then not collective, a rank writes its
 // rows alone and nb = 0 does nothing (a chunk is one contiguous byte range, which two-phase
 // aggregation only reshuffles); posix writes them with pwrite past HDF5 and MPI-IO (RawRows),
 // independent through parallel HDF5. collective (two-phase MPI-IO) or individual (collective HDF5

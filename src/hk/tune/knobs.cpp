@@ -48,15 +48,15 @@ const std::vector<Knob>& knobs() {
        "packed by the first LayerNorm, GEMMs and row kernels on them, scattered back by the final LayerNorm. "
        "auto: when the packed rows (bucketed to B*S/32) are at most 85% of B*S and B*S >= 4096; 1: always; "
        "0: never (the dense plan)."},
-      {"HK_MPIIO_WRITE", "posix|independent|collective|individual", "posix on one node, else independent", "io",
-       "How the ranks of an MPI job write /output/y. posix: each rank writes its chunks with pwrite at the "
-       "dataset's file offset, past HDF5 and MPI-IO (and the HDF5 lock, so the rank's next read goes on "
-       "meanwhile); coherent where the ranks share one page cache (the default when all ranks are on one node), "
-       "or on a POSIX-coherent parallel file system (Lustre, GPFS), not on NFS. independent: each rank writes "
-       "its chunks (contiguous row ranges) through parallel HDF5 when they are ready, with no write rounds "
-       "shared between ranks; collective: collective MPI-IO (two-phase: aggregator ranks gather neighbouring "
-       "rows and write them); individual: the same collective HDF5 calls, each rank writing its own rows "
-       "underneath. The bits of the file are the same in every mode."},
+      {"HK_MPIIO_WRITE", "independent|posix|collective|individual", "independent", "io",
+       "How the ranks of an MPI job write /output/y. independent: each rank writes its chunks (contiguous row "
+       "ranges) through parallel HDF5 when they are ready, with no write rounds shared between ranks; posix: "
+       "the same, with pwrite at the dataset's file offset past HDF5 and MPI-IO (coherent where the ranks share "
+       "one page cache, i.e. one node, or on a POSIX-coherent parallel file system such as Lustre or GPFS; not "
+       "on NFS; measured slower than independent with 2 ranks on one node); collective: collective MPI-IO "
+       "(two-phase: aggregator ranks gather neighbouring rows and write them); individual: the same "
+       "collective HDF5 calls, each rank writing its own rows underneath. The bits of the file are the same "
+       "in every mode."},
       {"HK_CUDA_POISON", "0|1", "0", "tests",
        "1: fill the CUDA engine's arena with NaN at construction so a read of an unwritten element reaches "
        "the output."},
