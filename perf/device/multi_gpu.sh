@@ -28,6 +28,8 @@
 #   HK_MGPU_PRECISION   --precision [fast]
 #   HK_MGPU_REPS        timed runs of each configuration, the median counts [5]
 #   HK_MGPU_TARGET      weak-scaling efficiency target [0.90]
+#   HK_MGPU_TRACE       set: every run also writes its timeline (hk_forward --trace) to
+#                       $OUT/mgpu-trace-<run>[.rank<k>].json
 #   HK_MGPU_WRITE_MODES the N-rank runs repeat under each HK_MPIIO_WRITE mode listed
 #                       [independent posix collective]; the verdict takes the mode with the fastest median
 #   HK_MGPU_MPIRUN_ARGS mpirun options [--bind-to none: a rank's reader, writer and compute
@@ -117,7 +119,8 @@ run() {
   HK_MPIIO_WRITE=$mode timeout "${HK_MGPU_RUN_TIMEOUT:-300}" mpirun --allow-run-as-root --oversubscribe \
     -x HK_MPIIO_WRITE $mpirun_args -np "$np" \
     hk_forward --backend "$backend" --precision "$precision" --chunk "$chunk" --stats \
-    --input "$work/in$b.h5" --output "$output" > "$work/logs/$label.log" 2>&1
+    --input "$work/in$b.h5" --output "$output" ${HK_MGPU_TRACE:+--trace "$OUT/mgpu-trace-$label.json"} \
+    > "$work/logs/$label.log" 2>&1
   rc=$?
   t1=$(date +%s.%N)
   if [ -n "$sampler" ]; then
@@ -129,6 +132,12 @@ run() {
   echo "  $label rc=$rc ($(cut -d' ' -f2 "$work/logs/$label.time"))"
   return $rc
 }
+
+# The disk under the work directory, written directly (no page cache) and synced: the floor of
+# every run's commit, which must put all of y on it.
+disk_line=$(dd if=/dev/zero of="$work/dd.bin" bs=64M count=16 oflag=direct conv=fsync 2>&1 | tail -1)
+rm -f "$work/dd.bin"
+echo "disk (dd 1 GiB, oflag=direct, fsync): $disk_line" | tee -a "$log"
 
 # Untimed: fill the tune cache (each file's chunks, one process), load the files into the page
 # cache. The big file's 1-rank output is the bit reference.
@@ -300,6 +309,7 @@ for p in problems:
 print("RESULT: %s" % ("PASS" if ok else "FAIL"))
 PY
 rc=$?
+echo "disk (dd 1 GiB, oflag=direct, fsync): $disk_line" >> "$txt"
 cat "$txt"
 rm -rf "$work"
 [ $rc -eq 0 ] || exit 2
