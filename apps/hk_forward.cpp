@@ -351,6 +351,7 @@ int run(const Options& o, int* argc, char*** argv) {
   // threads. Not when the device is not known yet (a launcher that does not say the local rank).
   // Two answers come from that thread: NVML's free memory first (for the chunk sizing), then
   // the context's (cudaMemGetInfo, once it exists).
+  int node_gpu_count = 0;  // > 0: this rank was given one of that many GPUs of its node
   std::promise<hk::app::DeviceMemory> nvml_promise;
   std::future<hk::app::DeviceMemory> early_nvml;
   std::future<hk::app::DeviceMemory> early_device;
@@ -397,6 +398,15 @@ int run(const Options& o, int* argc, char*** argv) {
       const size_t child_bytes = mem_cap > 0 ? size_t(mem_cap / 8) : kChildBufferBytes;
       child = std::make_unique<hk::app::ValidationChild>(model_path, input, o.validate_timeout, launch.size > 1,
                                                          child_bytes);
+    }
+    // A rank of a job sees only its own GPU of the node (CUDA_VISIBLE_DEVICES, set before CUDA
+    // starts, after the fork): CUDA then sets up one GPU per process instead of every GPU in
+    // every rank at once (measured: 0.36 s per process for two ranks on two H200s, 0.24 s for one).
+    if (HK_HAVE_CUDA && o.backend != "kokkos" && !o.device_given && launch.launched && launch.local_rank >= 0) {
+      Span span(tr, "GPUs of the node (NVML)");
+      const std::vector<std::string> gpus = hk::app::node_gpus();
+      if (gpus.size() > 1 && hk::app::restrict_to_gpu(gpus[size_t(launch.local_rank) % gpus.size()]))
+        node_gpu_count = int(gpus.size());
     }
     start_early_device();
     Span span(tr, "validation child: model and input header");
@@ -448,7 +458,8 @@ int run(const Options& o, int* argc, char*** argv) {
       // One GPU per rank of a node, round robin (CUDA_VISIBLE_DEVICES set per rank gives 1 GPU each).
       const int gpus = hk::app::cuda_device_count();
       if (!o.device_given && job.mpi() && gpus > 0) device = job.local_rank() % gpus;
-      if (gpus > 0) ranks_per_device = (job.local_size() + gpus - 1) / gpus;
+      const int node_gpus = node_gpu_count > 0 ? node_gpu_count : gpus;  // the ranks of a node share these
+      if (node_gpus > 0) ranks_per_device = (job.local_size() + node_gpus - 1) / node_gpus;
       const auto t_query = clock::now();
       Span span(tr, "free device memory (wait)");
       if (early_nvml.valid()) dev = early_nvml.get();

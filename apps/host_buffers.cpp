@@ -141,4 +141,61 @@ DeviceMemory device_memory_nvml(int device) {
   return m;
 }
 
+std::vector<std::string> node_gpus() {
+#if HK_HAVE_CUDA
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    std::vector<std::string> out;
+    std::string s = v, item;
+    for (size_t i = 0; i <= s.size(); ++i) {
+      if (i < s.size() && s[i] != ',') {
+        if (s[i] != ' ') item += s[i];
+        continue;
+      }
+      const bool index = !item.empty() && item.find_first_not_of("0123456789") == std::string::npos;
+      if (!index && item.rfind("GPU-", 0) != 0 && item.rfind("MIG-", 0) != 0) return {};  // CUDA would stop here
+      out.push_back(item);
+      item.clear();
+    }
+    return out;
+  }
+  void* lib = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return {};
+  using Count = int (*)(unsigned*);
+  using ByIndex = int (*)(unsigned, NvmlDevice*);
+  using MigMode = int (*)(NvmlDevice, unsigned*, unsigned*);
+  const auto init = reinterpret_cast<NvmlInit>(::dlsym(lib, "nvmlInit_v2"));
+  const auto count = reinterpret_cast<Count>(::dlsym(lib, "nvmlDeviceGetCount_v2"));
+  const auto by_index = reinterpret_cast<ByIndex>(::dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+  const auto mig = reinterpret_cast<MigMode>(::dlsym(lib, "nvmlDeviceGetMigMode"));
+  const auto shutdown = reinterpret_cast<NvmlShutdown>(::dlsym(lib, "nvmlShutdown"));
+  std::vector<std::string> out;
+  unsigned n = 0;
+  if (init && count && by_index && shutdown && init() == 0) {
+    bool known = count(&n) == 0;
+    for (unsigned i = 0; known && i < n; ++i) {
+      NvmlDevice d = nullptr;
+      unsigned current = 0, pending = 0;
+      if (by_index(i, &d) != 0) known = false;
+      // A GPU in MIG mode: CUDA numbers its instances, not the GPU (mig absent: NVML older than MIG).
+      else if (mig && mig(d, &current, &pending) == 0 && current != 0) known = false;
+    }
+    for (unsigned i = 0; known && i < n; ++i) out.push_back(std::to_string(i));
+    shutdown();
+  }
+  ::dlclose(lib);
+  return out;
+#else
+  return {};
+#endif
+}
+
+bool restrict_to_gpu(const std::string& gpu) {
+#if HK_HAVE_CUDA
+  return !gpu.empty() && ::setenv("CUDA_VISIBLE_DEVICES", gpu.c_str(), 1) == 0;
+#else
+  (void)gpu;
+  return false;
+#endif
+}
+
 }  // namespace hk::app

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace hk::app {
 
@@ -61,5 +62,15 @@ DeviceMemory device_memory(int device);
 DeviceMemory device_memory_nvml(int device);
 // Number of CUDA devices visible to this process (0 without CUDA).
 int cuda_device_count();
+
+// The GPUs of this node in the CUDA runtime's numbering, found without starting CUDA: the entries
+// of CUDA_VISIBLE_DEVICES when it is set (indices, GPU-/MIG- UUIDs), else NVML's count of GPUs
+// (entries "0".."n-1"). Empty when unknown: no NVML, a GPU in MIG mode (its CUDA devices are
+// not NVML's GPUs), an entry CUDA would stop at, or a build without CUDA.
+std::vector<std::string> node_gpus();
+// Makes `gpu` (an entry of node_gpus()) the only device this process sees, through
+// CUDA_VISIBLE_DEVICES: CUDA must not have started yet. It then sets up that one GPU instead of
+// every GPU of the node (and the device's ordinal in this process becomes 0).
+bool restrict_to_gpu(const std::string& gpu);
 
 }  // namespace hk::app

@@ -8,12 +8,16 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "hk/build_config.hpp"
 #include "hk/error.hpp"
+#include "host_buffers.hpp"
 #include "pipeline.hpp"
 
 namespace {
@@ -140,3 +144,35 @@ TEST(Pipeline, AFailingStageStopsTheRunWithItsError) {
 }
 
 }  // namespace
+
+// The node's GPUs for the per-rank restriction (host_buffers.cpp): CUDA_VISIBLE_DEVICES entries
+// as CUDA reads them, nothing when an entry would stop CUDA's parsing (the count would differ
+// from CUDA's), and the restriction itself. A build without CUDA knows no GPUs.
+TEST(NodeGpus, VisibleDevicesListsAndTheRestriction) {
+  const char* before = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string saved = before ? before : "";
+  auto gpus_for = [](const char* v) {
+    ::setenv("CUDA_VISIBLE_DEVICES", v, 1);
+    return hk::app::node_gpus();
+  };
+  using V = std::vector<std::string>;
+  if (HK_HAVE_CUDA) {
+    EXPECT_EQ(gpus_for("1,3"), (V{"1", "3"}));
+    EXPECT_EQ(gpus_for("GPU-8f2c, 2"), (V{"GPU-8f2c", "2"}));
+    EXPECT_EQ(gpus_for("MIG-1a2b"), (V{"MIG-1a2b"}));
+    EXPECT_EQ(gpus_for("0,foo,2"), V{});
+    EXPECT_EQ(gpus_for(""), V{});
+    EXPECT_EQ(gpus_for("-1"), V{});
+    EXPECT_TRUE(hk::app::restrict_to_gpu("3"));
+    EXPECT_STREQ(std::getenv("CUDA_VISIBLE_DEVICES"), "3");
+    EXPECT_FALSE(hk::app::restrict_to_gpu(""));
+  } else {
+    EXPECT_EQ(gpus_for("1,3"), V{});
+    EXPECT_FALSE(hk::app::restrict_to_gpu("3"));
+  }
+  if (before) {
+    ::setenv("CUDA_VISIBLE_DEVICES", saved.c_str(), 1);
+  } else {
+    ::unsetenv("CUDA_VISIBLE_DEVICES");
+  }
+}
