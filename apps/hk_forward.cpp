@@ -821,6 +821,9 @@ int main(int argc, char** argv) {
   o.device_given = app.count("--device") > 0;
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
+  // A file-size limit (ulimit -f) reached while writing: the write fails with EFBIG and the run
+  // ends with its error line, instead of the default SIGXFSZ kill without one.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     return run(o, &argc, &argv);
   } catch (const hk::app::AgreedFailure& f) {

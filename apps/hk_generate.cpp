@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <limits>
@@ -237,6 +238,7 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit: an EFBIG error line instead of a kill
   CLI::App app{"Writes a seeded synthetic hk model and input (HDF5, FORMAT.md) for a row of cases.csv or custom "
                "dimensions.",
                kProgram};

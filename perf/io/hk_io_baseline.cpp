@@ -6,6 +6,7 @@
 //
 // Exit status: 0 success, 1 bad file / write failure (one line on stderr), 2 usage error.
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -90,6 +91,7 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit: an EFBIG error line instead of a kill
   CLI::App app{"Reads /input/x (and /input/lengths) of an HDF5 input of FORMAT.md in batch chunks and writes an\n"
                "output file of the same shape with y a copy of x (no compute): the I/O floor of hk_forward.",
                kProgram};

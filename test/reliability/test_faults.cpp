@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,8 +34,10 @@ struct Result {
 // hk_forward with `args`; as an unprivileged user when `drop_root` and running as root (root
 // writes into a mode-0555 directory regardless of its mode).
 // `keep_segv`: a sanitizer build must not catch the SIGSEGV of the test (it would abort instead).
+// `fsize_limit` > 0: RLIMIT_FSIZE of the child in bytes (a write past it fails with EFBIG once
+// SIGXFSZ is ignored, as hk_forward does).
 pid_t spawn(const std::vector<std::string>& args, const std::string& err_path, bool drop_root = false,
-            bool keep_segv = false) {
+            bool keep_segv = false, rlim_t fsize_limit = 0) {
   const char* asan = std::getenv("ASAN_OPTIONS");
   const std::string asan_options = std::string(asan ? asan : "") + (asan && *asan ? ":" : "") + "handle_segv=0";
   std::vector<std::string> full = {g_forward};
@@ -50,6 +53,10 @@ pid_t spawn(const std::vector<std::string>& args, const std::string& err_path, b
     ::dup2(o, 1);
     ::dup2(e, 2);
     if (keep_segv) ::setenv("ASAN_OPTIONS", asan_options.c_str(), 1);
+    if (fsize_limit > 0) {
+      const struct rlimit lim = {fsize_limit, fsize_limit};
+      if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) ::_exit(124);
+    }
     if (drop_root && ::getuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(125);
     ::execv(argv[0], argv.data());
     ::_exit(127);
@@ -126,6 +133,30 @@ TEST(Faults, DiskFull) {
   EXPECT_EQ(r.err.rfind("hk_forward: error: " + mnt + "/y.h5", 0), 0u) << r.err;
   EXPECT_EQ(kept, previous) << "the previous output was touched";
   EXPECT_EQ(left, std::vector<std::string>{"y.h5"}) << "a temporary file was left on the full disk";
+}
+
+// A file-size limit (ulimit -f, a batch system's per-job limit) reached while writing y: an
+// EFBIG write, not a SIGXFSZ kill. Needs no privilege: one error line naming the output and
+// /output/y, exit 1, the previous output under the final name untouched, no temporary file left.
+TEST(Faults, FileSizeLimitDuringWrite) {
+  ScratchDir dir;
+  write_case(dir.path("in.h5"), 64, 32);  // y: 64 x 32 x 32 floats = 256 KiB
+  const std::string out = dir.path("out");
+  std::filesystem::create_directories(out);
+  const std::string previous = "previous output, must stay";
+  write_text_file(out + "/y.h5", previous);
+  const Result r = wait_for(spawn({"--input", dir.path("in.h5"), "--output", out + "/y.h5", "--backend", "kokkos",
+                                   "--batch-chunk", "8", "--quiet"},
+                                  dir.path("err"), false, false, /*fsize_limit=*/128 * 1024),
+                            dir.path("err"));
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(out)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_EQ(line_count(r.err), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("hk_forward: error: " + out + "/y.h5: /output/y: cannot write rows", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("File too large"), std::string::npos) << r.err;
+  EXPECT_EQ(read_bytes(out + "/y.h5"), previous) << "the previous output was touched";
+  EXPECT_EQ(left, std::vector<std::string>{"y.h5"}) << "a temporary file was left behind";
 }
 
 // kill -9 while the temporary output exists (chunk of 1 sequence: many writes): nothing under
