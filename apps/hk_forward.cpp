@@ -721,6 +721,7 @@ int run(const Options& o, int* argc, char*** argv) {
   }
   // The engine's teardown (device memory, graphs, library handles), timed for --stats; the CUDA
   // context itself goes at process exit.
+  const std::string engine_stats = engine->stats();  // its own set-up work (plans, graphs), for --stats
   const auto t_release = clock::now();
   {
     Span span(tr, "engine and chunk buffers release");
@@ -732,12 +733,13 @@ int run(const Options& o, int* argc, char*** argv) {
     std::printf("%s: stats: rank=%d ranks=%d chunk=%lld chunks=%lld local_chunks=%lld mem_cap=%lld "
                 "peak_rss_kib=%lld read_s=%.3f compute_s=%.3f write_s=%.3f wall_s=%.3f setup_s=%.3f header_s=%.3f "
                 "device_query_s=%.3f output_s=%.3f engine_s=%.3f warm_s=%.3f "
-                "engine_wait_s=%.3f pin_s=%.3f pinned=%d/%d check_s=%.3f commit_s=%.3f release_s=%.3f%s\n",
+                "engine_wait_s=%.3f pin_s=%.3f pinned=%d/%d check_s=%.3f commit_s=%.3f release_s=%.3f%s%s%s\n",
                 kProgram, job.rank(), job.size(), (long long)chunk, (long long)n_chunks,
                 (long long)grid.local_chunks(), (long long)mem_cap, (long long)peak_rss_kib(), st.read_s, st.compute_s,
                 st.write_s, total_s, std::chrono::duration<double>(t_loop - t0).count(), header_s, device_query_s,
                 output_s, engine_s, warm_s, st.prepare_s,
-                st.pin_s, st.pinned, st.pin_tried, check_s, commit_s, release_s, validation_stats().c_str());
+                st.pin_s, st.pinned, st.pin_tried, check_s, commit_s, release_s, validation_stats().c_str(),
+                engine_stats.empty() ? "" : " ", engine_stats.c_str());
   }
   if (tr.on()) {
     std::string path = o.trace;

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -477,7 +478,12 @@ int64_t CudaEngine::Impl::rows_for(int B, int64_t tokens) const { return padding
 
 Plan& CudaEngine::Impl::plan(int B, int64_t rows) {
   auto it = plans.find({B, rows});
-  if (it == plans.end()) it = plans.emplace(std::make_pair(B, rows), build_plan(B, rows)).first;
+  if (it == plans.end()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto p = build_plan(B, rows);
+    p->report.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    it = plans.emplace(std::make_pair(B, rows), std::move(p)).first;
+  }
   last_plan[B] = it->second.get();
   return *it->second;
 }
@@ -1421,7 +1427,17 @@ cudaGraphExec_t CudaEngine::Impl::graph_for(Plan& p, const GraphKey& key, cudaSt
     HK_CUDA_CHECK(cudaEventRecord(done, capture_stream));
   }
   cudaGraphExec_t g = nullptr;
+  const auto t_capture = std::chrono::steady_clock::now();
+  struct CaptureTime {  // counted whether the capture succeeds or not
+    Plan& p;
+    std::chrono::steady_clock::time_point t0;
+    ~CaptureTime() {
+      p.report.capture_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      ++p.report.captures;
+    }
+  };
   try {
+    CaptureTime timed{p, t_capture};
     g = graphs.capture(key, capture_stream, done, [&](cudaStream_t s) {
       Ctx cc = c;
       cc.stream = s;
@@ -1663,6 +1679,27 @@ void CudaEngine::prepare(int B, const float* x, const int32_t* lengths, float* y
     }
     HK_CUDA_CHECK(cudaStreamSynchronize(m.capture_stream));
   });
+}
+
+std::string CudaEngine::stats() const {
+  const Impl& m = *impl_;
+  TuneReport sum;
+  for (const auto& [key, p] : m.plans) {
+    sum.build_ms += p->report.build_ms;
+    sum.warmup_ms += p->report.warmup_ms;
+    sum.measure_ms += p->report.measure_ms;
+    sum.capture_ms += p->report.capture_ms;
+    sum.captures += p->report.captures;
+    sum.measured += p->report.measured;
+    sum.cached += p->report.cached;
+  }
+  char b[256];
+  std::snprintf(b, sizeof b,
+                "plans=%zu plan_build_ms=%.1f plan_warmup_ms=%.1f plan_measure_ms=%.1f graph_capture_ms=%.1f "
+                "graphs=%d decisions_measured=%d decisions_cached=%d",
+                m.plans.size(), sum.build_ms, sum.warmup_ms, sum.measure_ms, sum.capture_ms, sum.captures,
+                sum.measured, sum.cached);
+  return b;
 }
 
 void CudaEngine::warm_up(int B, int64_t tokens) { prepare(B, nullptr, nullptr, nullptr, tokens < 0 ? -1 : tokens); }

@@ -35,6 +35,9 @@ class Engine {
   // in all would pay once (planning, library set-up, graph capture), on synthetic data, e.g. on
   // another thread while the input is read. Results are unaffected. Default: nothing.
   virtual void warm_up(int B, int64_t tokens) { (void)B, (void)tokens; }
+  // Backend-specific figures of this engine's own set-up work, as "key=value ..." for a
+  // statistics line (e.g. hk_forward --stats); "" when there are none.
+  virtual std::string stats() const { return ""; }
 };
 
 // A backend: a named factory of engines.
