@@ -295,11 +295,11 @@ class Output {
 #endif
     ser_->set_attribute(name, value);
   }
-  void write(int64_t b0, int64_t nb, const float* y) {
+  void write(int64_t b0, int64_t nb, const float* y, const int32_t* lengths) {
 #if HK_HAVE_MPI
-    if (par_) return par_->write(b0, nb, y);
+    if (par_) return par_->write(b0, nb, y, lengths);
 #endif
-    ser_->write(b0, nb, y);
+    ser_->write(b0, nb, y, lengths);
   }
   void commit() {
 #if HK_HAVE_MPI
@@ -664,7 +664,10 @@ int run(const Options& o, int* argc, char*** argv) {
         throw hk::Error(output + ": /output/y: backend " + engine->backend() + " produced a non-finite value at " + bad +
                         " from a finite input (a bug; nothing was written)");
     };
-    stages.write = [&](int64_t b0, int64_t nb, const float* y) { out->write(b0, nb, y); };
+    // Padded positions are zero in y (MODEL.md, checked by every backend's tests): left unwritten.
+    stages.write = [&](int64_t b0, int64_t nb, const float* y, const int32_t* lengths) {
+      out->write(b0, nb, y, has_lengths ? lengths : nullptr);
+    };
     stages.progress = [&](const hk::app::PipelineStats& s) {
       // Rank 0's share of the job stands for the whole (round robin keeps the ranks level).
       const int64_t done = int64_t(double(s.sequences_done) * S / double(local_tokens) * double(B * S));

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -36,7 +37,10 @@ class Pipeline {
       x.data = HostBlock(n, touch);
       x.lengths = HostBlock(size_t(g.chunk) * sizeof(int32_t), touch);
     }
-    for (Slot& y : y_) y.data = HostBlock(n, touch);
+    for (Slot& y : y_) {
+      y.data = HostBlock(n, touch);
+      y.lengths = HostBlock(size_t(g.chunk) * sizeof(int32_t), HostBlock::Touch::now);  // a copy of the chunk's
+    }
   }
 
   PipelineStats run() {
@@ -163,6 +167,8 @@ class Pipeline {
         Trace::Span span(trace(), "compute", k);  // ends before the chunk is handed on
         st_.compute(g_.first_row(k), g_.rows(k), in.data.as<float>(), in.lengths.as<int32_t>(),
                     out.data.as<float>());
+        // The lengths go with y: the input buffer is refilled before the write.
+        std::memcpy(out.lengths.as<int32_t>(), in.lengths.as<int32_t>(), size_t(g_.rows(k)) * sizeof(int32_t));
       }
       std::lock_guard<std::mutex> lock(m_);
       stats_.compute_s += since(t);
@@ -185,7 +191,7 @@ class Pipeline {
       const auto t = clock::now();
       {
         Trace::Span span(trace(), "write", k);
-        st_.write(g_.first_row(k), g_.rows(k), s.data.as<float>());
+        st_.write(g_.first_row(k), g_.rows(k), s.data.as<float>(), s.lengths.as<int32_t>());
       }
       PipelineStats snapshot;
       {
@@ -205,7 +211,7 @@ class Pipeline {
         std::lock_guard<std::mutex> lock(m_);
         if (stop_) return;
       }
-      st_.write(0, 0, nullptr);
+      st_.write(0, 0, nullptr, nullptr);
     }
   }
 

@@ -49,9 +49,10 @@ struct PipelineStages {
   std::function<void(int64_t b0, int64_t nb, float* x, int32_t* lengths)> read;
   // y [nb, S, D] from x and lengths. Calling thread.
   std::function<void(int64_t b0, int64_t nb, const float* x, const int32_t* lengths, float* y)> compute;
-  // Write y rows [b0, b0 + nb); nb = 0 (y null) in the rounds where this rank has no chunk,
-  // for collective writes. Writer thread.
-  std::function<void(int64_t b0, int64_t nb, const float* y)> write;
+  // Write y rows [b0, b0 + nb), with the chunk's lengths (as the reader filled them); nb = 0
+  // (y and lengths null) in the rounds where this rank has no chunk, for collective writes.
+  // Writer thread.
+  std::function<void(int64_t b0, int64_t nb, const float* y, const int32_t* lengths)> write;
   // After each chunk is written: progress. Writer thread.
   std::function<void(const PipelineStats&)> progress;
   // Polled between chunks; true stops the run with hk::Error("interrupted").

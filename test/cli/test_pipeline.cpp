@@ -70,8 +70,11 @@ void run_grid(int64_t B, int64_t chunk, int rank, int ranks, int pin_device) {
     for (int64_t b = 0; b < nb; ++b) EXPECT_EQ(lengths[b], int32_t((b0 + b) % (S + 1))) << "lengths of row " << b0 + b;
     for (int64_t i = 0; i < nb * S * D; ++i) y[i] = x[i] + 0.5f;
   };
-  st.write = [&](int64_t b0, int64_t nb, const float* y) {
+  st.write = [&](int64_t b0, int64_t nb, const float* y, const int32_t* lengths) {
     if (nb == 0) return;
+    // The chunk's own lengths reach the writer (its input buffer may hold a later chunk by now).
+    for (int64_t b = 0; b < nb; ++b)
+      EXPECT_EQ(lengths[b], int32_t((b0 + b) % (S + 1))) << "lengths of row " << b0 + b << " at the writer";
     for (int64_t i = 0; i < nb * S * D; ++i) out[size_t(b0 * S * D + i)] = y[i];
     std::lock_guard<std::mutex> lock(r.m);
     r.written.push_back(b0);
@@ -130,7 +133,7 @@ TEST(Pipeline, AFailingStageStopsTheRunWithItsError) {
     st.compute = [&](int64_t b0, int64_t, const float*, const int32_t*, float*) {
       if (f == "compute" && b0 == 6) throw hk::Error("compute failed");
     };
-    st.write = [&](int64_t b0, int64_t, const float*) {
+    st.write = [&](int64_t b0, int64_t, const float*, const int32_t*) {
       if (f == "write" && b0 == 6) throw hk::Error("write failed");
     };
     try {

@@ -44,6 +44,36 @@ TEST(OutputFile, WritesChunksAndAttributes) {
   EXPECT_EQ(back.attributes.at("backend"), "kokkos");
 }
 
+// Rows written with their lengths: padded positions are not written and read back as zeros;
+// runs of full rows and the valid prefix after them in one write; lengths 0, 1, S, S-1 mixed;
+// a bigger file whose unwritten ranges span whole pages (holes of the new file).
+TEST(OutputFile, PaddedPositionsAreLeftUnwrittenAndReadAsZero) {
+  for (const int S : {3, 512}) {
+    ScratchDir dir;
+    const std::string f = dir.path("out.h5");
+    const int64_t B = 9;
+    const int D = 8;
+    const std::vector<int32_t> lengths = {0, S, S, 1, S - 1, S, 0, 0, S};
+    std::vector<float> y = ramp(size_t(B) * S * D, 1.f);
+    std::vector<float> garbage = y;  // what is in the caller's buffer past each length: not written
+    for (int64_t b = 0; b < B; ++b)
+      for (int s = lengths[size_t(b)]; s < S; ++s)
+        for (int d = 0; d < D; ++d) {
+          y[(size_t(b) * S + s) * D + d] = 0.f;
+          garbage[(size_t(b) * S + s) * D + d] = 12345.f;
+        }
+    {
+      io::OutputFile out(f, B, S, D);
+      out.write(0, 4, garbage.data(), lengths.data());
+      out.write(4, 5, garbage.data() + 4 * S * D, lengths.data() + 4);
+      out.commit();
+    }
+    const io::OutputData back = io::read_output(f);
+    ASSERT_EQ(back.y.size(), y.size());
+    EXPECT_EQ(back.y, y) << "S = " << S;
+  }
+}
+
 TEST(OutputFile, UncommittedLeavesNoFile) {
   ScratchDir dir;
   const std::string f = dir.path("out.h5");

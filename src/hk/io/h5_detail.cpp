@@ -151,7 +151,26 @@ RawRows::~RawRows() {
 
 void RawRows::write(int64_t b0, int64_t nb, const void* data) const {
   const uint64_t begin = offset_ + uint64_t(b0) * row_bytes_, bytes = uint64_t(nb) * row_bytes_;
+  write_range(begin, bytes, static_cast<const char*>(data), b0, nb);
+  ::sync_file_range(fd_, off_t(begin), off_t(bytes), SYNC_FILE_RANGE_WRITE);  // best effort
+}
+
+void RawRows::write_valid(int64_t b0, int64_t nb, const void* data, const int32_t* lengths, int positions,
+                          uint64_t position_bytes) const {
   const char* p = static_cast<const char*>(data);
+  for (int64_t i = 0; i < nb;) {
+    // Rows i..j-1 full, then row j's valid prefix: one contiguous byte range.
+    int64_t j = i;
+    while (j + 1 < nb && lengths[j] >= positions) ++j;
+    const uint64_t bytes = uint64_t(j - i) * row_bytes_ + uint64_t(std::clamp(lengths[j], 0, positions)) * position_bytes;
+    if (bytes > 0) write_range(offset_ + uint64_t(b0 + i) * row_bytes_, bytes, p + uint64_t(i) * row_bytes_, b0, nb);
+    i = j + 1;
+  }
+  ::sync_file_range(fd_, off_t(offset_ + uint64_t(b0) * row_bytes_), off_t(uint64_t(nb) * row_bytes_),
+                    SYNC_FILE_RANGE_WRITE);  // best effort
+}
+
+void RawRows::write_range(uint64_t begin, uint64_t bytes, const char* p, int64_t b0, int64_t nb) const {
   for (uint64_t done = 0; done < bytes;) {
     const ssize_t w = ::pwrite(fd_, p + done, size_t(std::min<uint64_t>(bytes - done, uint64_t(1) << 30)),
                                off_t(begin + done));
@@ -162,7 +181,6 @@ void RawRows::write(int64_t b0, int64_t nb, const void* data) const {
                                (w < 0 ? std::strerror(err) : "no progress") + ")");
     done += uint64_t(w);
   }
-  ::sync_file_range(fd_, off_t(begin), off_t(bytes), SYNC_FILE_RANGE_WRITE);  // best effort
 }
 
 std::string RawRows::finish(bool sync) {

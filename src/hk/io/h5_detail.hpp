@@ -66,10 +66,18 @@ class RawRows {
   RawRows& operator=(const RawRows&) = delete;
   // Rows [b0, b0 + nb) from `data`; throws hk::Error (one line: the rows and the system's reason).
   void write(int64_t b0, int64_t nb, const void* data) const;
+  // The same for rows of `positions` positions of `position_bytes` each (row_bytes = their
+  // product), of which only the first lengths[i] positions of row i are written: the rest of the
+  // row must be zero in `data`, and stays a never-written range of the new file, which reads as
+  // zeros. Full rows and the valid prefix after them are written in one call.
+  void write_valid(int64_t b0, int64_t nb, const void* data, const int32_t* lengths, int positions,
+                   uint64_t position_bytes) const;
   // fsync (when `sync`) and close: "" on success, else why not.
   std::string finish(bool sync);
 
  private:
+  void write_range(uint64_t begin, uint64_t bytes, const char* p, int64_t b0, int64_t nb) const;
+
   std::string file_, object_;
   int fd_ = -1;
   uint64_t offset_ = 0, row_bytes_ = 0;

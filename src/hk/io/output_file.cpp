@@ -106,7 +106,7 @@ void OutputFile::set_attribute(const std::string& name, const std::string& value
   write_string_attribute(m.group.get(), m.path, "/output", name, value);
 }
 
-void OutputFile::write(int64_t b0, int64_t nb, const float* y) {
+void OutputFile::write(int64_t b0, int64_t nb, const float* y, const int32_t* lengths) {
   Impl& m = *impl_;
   if (m.committed) throw Error(m.path + ": /output/y: already committed, cannot write");
   if (b0 != m.next_row)
@@ -117,7 +117,11 @@ void OutputFile::write(int64_t b0, int64_t nb, const float* y) {
                                   ") requested, expected a range inside [0, " + std::to_string(m.dims[0]) + ")");
   if (nb == 0) return;
   if (m.raw) {
-    m.raw->write(b0, nb, y);  // without the HDF5 lock: a read of the next chunk goes on meanwhile
+    // Without the HDF5 lock: a read of the next chunk goes on meanwhile.
+    if (lengths)
+      m.raw->write_valid(b0, nb, y, lengths, int(m.dims[1]), uint64_t(m.dims[2]) * sizeof(float));
+    else
+      m.raw->write(b0, nb, y);
   } else {
     std::unique_lock<std::recursive_mutex> lock(h5_mutex());
     init();

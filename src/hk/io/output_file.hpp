@@ -29,8 +29,11 @@ class OutputFile {
 
   // A string attribute of /output (precision, backend, device, program, version, input_file, ...).
   void set_attribute(const std::string& name, const std::string& value);
-  // Rows [b0, b0 + nb) of y, written in order: b0 must be the first row not yet written.
-  void write(int64_t b0, int64_t nb, const float* y);
+  // Rows [b0, b0 + nb) of y, written in order: b0 must be the first row not yet written. With
+  // `lengths`, positions s >= lengths[i] of row i are FORMAT.md's padding, zero in y: they are not
+  // written, and read back as zeros from the new file (about half the bytes for lengths uniform
+  // in 1..S).
+  void write(int64_t b0, int64_t nb, const float* y, const int32_t* lengths = nullptr);
   // Requires every row written; flushes, closes, syncs and renames onto the final path.
   void commit();
   bool committed() const;

@@ -171,7 +171,7 @@ void ParallelOutputFile::set_attribute(const std::string& name, const std::strin
   write_string_attribute(m.group.get(), m.path, "/output", name, broadcast(value, m.comm));
 }
 
-void ParallelOutputFile::write(int64_t b0, int64_t nb, const float* y) {
+void ParallelOutputFile::write(int64_t b0, int64_t nb, const float* y, const int32_t* lengths) {
   Impl& m = *impl_;
   if (m.committed) throw Error(m.path + ": /output/y: already committed, cannot write");
   if (nb < 0 || b0 < 0 || b0 > m.dims[0] - nb)
@@ -179,7 +179,10 @@ void ParallelOutputFile::write(int64_t b0, int64_t nb, const float* y) {
                                   ") requested, expected a range inside [0, " + std::to_string(m.dims[0]) + ")");
   if (nb == 0 && m.independent) return;
   if (m.raw) {  // no HDF5 call and not the HDF5 lock: the reader's HDF5 read goes on meanwhile
-    m.raw->write(b0, nb, y);
+    if (lengths)
+      m.raw->write_valid(b0, nb, y, lengths, int(m.dims[1]), uint64_t(m.dims[2]) * sizeof(float));
+    else
+      m.raw->write(b0, nb, y);
     m.rows_written += nb;
     return;
   }
