@@ -80,7 +80,7 @@ inline int input_buffers(bool gpu) { return gpu ? 6 : 2; }
 // Bytes the pipeline holds per sequence of a chunk (its buffers).
 inline double pipeline_bytes_per_sequence(int S, int D, bool gpu) {
   const double x_buffers = input_buffers(gpu);
-  return (x_buffers + 2.0) * 4.0 * double(S) * D + x_buffers * 4.0;
+  return (x_buffers + 2.0) * 4.0 * double(S) * D + (x_buffers + 2.0) * 4.0;  // x, y and their lengths
 }
 
 }  // namespace hk::app

@@ -1,5 +1,6 @@
 #include "trace.hpp"
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -19,12 +20,14 @@ void Trace::enable(Clock::time_point origin) {
 }
 
 int Trace::tid_locked() {
-  const auto id = std::this_thread::get_id();
-  for (size_t k = 0; k < threads_.size(); ++k)
-    if (threads_[k] == id) return int(k);
-  threads_.push_back(id);
-  names_.push_back("thread " + std::to_string(threads_.size() - 1));
-  return int(threads_.size() - 1);
+  // Per thread, not by std::thread::id: an id is reused once its thread has ended, and a new
+  // thread must get a track of its own.
+  thread_local int track = -1;
+  if (track < 0) {
+    track = int(names_.size());
+    names_.push_back("thread " + std::to_string(track));
+  }
+  return track;
 }
 
 void Trace::name_thread(const std::string& name) {
@@ -53,11 +56,12 @@ std::string Trace::write(const std::string& path, int rank) const {
       events.push_back(std::move(j));
     }
   }
+  errno = 0;
   std::ofstream f(path);
-  if (!f) return "cannot create " + path + " (" + std::strerror(errno) + ")";
+  if (!f) return "cannot create " + path + (errno ? std::string(" (") + std::strerror(errno) + ")" : std::string());
   f << nlohmann::json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}}.dump() << '\n';
   f.close();
-  if (!f) return "cannot write " + path + " (" + std::strerror(errno) + ")";
+  if (!f) return "cannot write " + path;
   return "";
 }
 

@@ -59,8 +59,7 @@ class Trace {
   Clock::time_point origin_;
   mutable std::mutex m_;
   std::vector<Event> events_;
-  std::vector<std::thread::id> threads_;  // track k = threads_[k]
-  std::vector<std::string> names_;
+  std::vector<std::string> names_;  // of track k
 };
 
 // The process's trace (one per process, like its log).

@@ -1428,12 +1428,11 @@ cudaGraphExec_t CudaEngine::Impl::graph_for(Plan& p, const GraphKey& key, cudaSt
   }
   cudaGraphExec_t g = nullptr;
   const auto t_capture = std::chrono::steady_clock::now();
-  struct CaptureTime {  // counted whether the capture succeeds or not
+  struct CaptureTime {  // time counted whether the capture succeeds or not; graphs made only on success
     Plan& p;
     std::chrono::steady_clock::time_point t0;
     ~CaptureTime() {
       p.report.capture_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      ++p.report.captures;
     }
   };
   try {
@@ -1443,6 +1442,7 @@ cudaGraphExec_t CudaEngine::Impl::graph_for(Plan& p, const GraphKey& key, cudaSt
       cc.stream = s;
       record(p, cc);
     });
+    ++p.report.captures;
   } catch (const std::exception& e) {
     p.graph_note = std::string("capture failed, running eagerly: ") + e.what();
     return nullptr;
