@@ -96,10 +96,35 @@ struct NvmlMemory {
   unsigned long long total, free, used;
 };
 using NvmlDevice = void*;
-using NvmlInit = int (*)();
-using NvmlByBusId = int (*)(const char*, NvmlDevice*);
-using NvmlMemoryInfo = int (*)(NvmlDevice, NvmlMemory*);
-using NvmlShutdown = int (*)();
+
+// NVML (the driver's management library) loaded and initialised for the object's lifetime;
+// ok() false when it is missing or does not start. Asks nothing of CUDA.
+class Nvml {
+ public:
+  Nvml() : lib_(::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL)) {
+    if (!lib_) return;
+    const auto init = sym<int (*)()>("nvmlInit_v2");
+    shutdown_ = sym<int (*)()>("nvmlShutdown");
+    ok_ = init && shutdown_ && init() == 0;
+  }
+  ~Nvml() {
+    if (ok_) shutdown_();
+    if (lib_) ::dlclose(lib_);
+  }
+  Nvml(const Nvml&) = delete;
+  Nvml& operator=(const Nvml&) = delete;
+  bool ok() const { return ok_; }
+  // An entry point, or null.
+  template <class F>
+  F sym(const char* name) const {
+    return lib_ ? reinterpret_cast<F>(::dlsym(lib_, name)) : nullptr;
+  }
+
+ private:
+  void* lib_ = nullptr;
+  int (*shutdown_)() = nullptr;
+  bool ok_ = false;
+};
 }  // namespace
 #endif
 
@@ -113,13 +138,10 @@ DeviceMemory device_memory_nvml(int device) {
     cudaGetLastError();
     return m;
   }
-  void* lib = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib) return m;
-  const auto init = reinterpret_cast<NvmlInit>(::dlsym(lib, "nvmlInit_v2"));
-  const auto by_bus = reinterpret_cast<NvmlByBusId>(::dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
-  const auto info = reinterpret_cast<NvmlMemoryInfo>(::dlsym(lib, "nvmlDeviceGetMemoryInfo"));
-  const auto shutdown = reinterpret_cast<NvmlShutdown>(::dlsym(lib, "nvmlShutdown"));
-  if (init && by_bus && info && shutdown && init() == 0) {
+  const Nvml nvml;
+  const auto by_bus = nvml.sym<int (*)(const char*, NvmlDevice*)>("nvmlDeviceGetHandleByPciBusId_v2");
+  const auto info = nvml.sym<int (*)(NvmlDevice, NvmlMemory*)>("nvmlDeviceGetMemoryInfo");
+  if (nvml.ok() && by_bus && info) {
     NvmlDevice d = nullptr;
     NvmlMemory mem{};
     // NVML answers for the whole GPU: a MIG instance (or anything else whose memory CUDA sees
@@ -132,9 +154,7 @@ DeviceMemory device_memory_nvml(int device) {
       m.total = size_t(mem.total);
       m.known = true;
     }
-    shutdown();
   }
-  ::dlclose(lib);
 #else
   (void)device;
 #endif
@@ -158,31 +178,21 @@ std::vector<std::string> node_gpus() {
     }
     return out;
   }
-  void* lib = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib) return {};
-  using Count = int (*)(unsigned*);
-  using ByIndex = int (*)(unsigned, NvmlDevice*);
-  using MigMode = int (*)(NvmlDevice, unsigned*, unsigned*);
-  const auto init = reinterpret_cast<NvmlInit>(::dlsym(lib, "nvmlInit_v2"));
-  const auto count = reinterpret_cast<Count>(::dlsym(lib, "nvmlDeviceGetCount_v2"));
-  const auto by_index = reinterpret_cast<ByIndex>(::dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
-  const auto mig = reinterpret_cast<MigMode>(::dlsym(lib, "nvmlDeviceGetMigMode"));
-  const auto shutdown = reinterpret_cast<NvmlShutdown>(::dlsym(lib, "nvmlShutdown"));
+  const Nvml nvml;
+  const auto count = nvml.sym<int (*)(unsigned*)>("nvmlDeviceGetCount_v2");
+  const auto by_index = nvml.sym<int (*)(unsigned, NvmlDevice*)>("nvmlDeviceGetHandleByIndex_v2");
+  const auto mig = nvml.sym<int (*)(NvmlDevice, unsigned*, unsigned*)>("nvmlDeviceGetMigMode");
   std::vector<std::string> out;
   unsigned n = 0;
-  if (init && count && by_index && shutdown && init() == 0) {
-    bool known = count(&n) == 0;
-    for (unsigned i = 0; known && i < n; ++i) {
-      NvmlDevice d = nullptr;
-      unsigned current = 0, pending = 0;
-      if (by_index(i, &d) != 0) known = false;
-      // A GPU in MIG mode: CUDA numbers its instances, not the GPU (mig absent: NVML older than MIG).
-      else if (mig && mig(d, &current, &pending) == 0 && current != 0) known = false;
-    }
-    for (unsigned i = 0; known && i < n; ++i) out.push_back(std::to_string(i));
-    shutdown();
+  bool known = nvml.ok() && count && by_index && count(&n) == 0;
+  for (unsigned i = 0; known && i < n; ++i) {
+    NvmlDevice d = nullptr;
+    unsigned current = 0, pending = 0;
+    if (by_index(i, &d) != 0) known = false;
+    // A GPU in MIG mode: CUDA numbers its instances, not the GPU (mig absent: NVML older than MIG).
+    else if (mig && mig(d, &current, &pending) == 0 && current != 0) known = false;
   }
-  ::dlclose(lib);
+  for (unsigned i = 0; known && i < n; ++i) out.push_back(std::to_string(i));
   return out;
 #else
   return {};
