@@ -138,9 +138,15 @@ void WriteBack::start() const noexcept {
   if (fd_ >= 0) ::sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
 }
 
-RawRows::RawRows(const std::string& file, const std::string& object, const std::string& path, uint64_t offset,
-                 uint64_t row_bytes)
-    : file_(file), object_(object), fd_(::open(path.c_str(), O_WRONLY | O_CLOEXEC)), offset_(offset), row_bytes_(row_bytes) {
+RawRows::RawRows(const std::string& file, const std::string& object, const std::string& path, hid_t dset,
+                 const std::vector<int64_t>& dims)
+    : file_(file),
+      object_(object),
+      offset_(contiguous_offset(dset, file, object)),
+      row_bytes_(uint64_t(dims[1]) * uint64_t(dims[2]) * sizeof(float)),
+      position_bytes_(uint64_t(dims[2]) * sizeof(float)),
+      positions_(int(dims[1])) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
   const int err = errno;
   if (fd_ < 0) fail(file, object, "cannot open the temporary output file " + path + " for writing (" + std::strerror(err) + ")");
 }
@@ -149,25 +155,23 @@ RawRows::~RawRows() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void RawRows::write(int64_t b0, int64_t nb, const void* data) const {
-  const uint64_t begin = offset_ + uint64_t(b0) * row_bytes_, bytes = uint64_t(nb) * row_bytes_;
-  write_range(begin, bytes, static_cast<const char*>(data), b0, nb);
-  ::sync_file_range(fd_, off_t(begin), off_t(bytes), SYNC_FILE_RANGE_WRITE);  // best effort
-}
-
-void RawRows::write_valid(int64_t b0, int64_t nb, const void* data, const int32_t* lengths, int positions,
-                          uint64_t position_bytes) const {
+void RawRows::write(int64_t b0, int64_t nb, const void* data, const int32_t* lengths) const {
   const char* p = static_cast<const char*>(data);
-  for (int64_t i = 0; i < nb;) {
-    // Rows i..j-1 full, then row j's valid prefix: one contiguous byte range.
-    int64_t j = i;
-    while (j + 1 < nb && lengths[j] >= positions) ++j;
-    const uint64_t bytes = uint64_t(j - i) * row_bytes_ + uint64_t(std::clamp(lengths[j], 0, positions)) * position_bytes;
-    if (bytes > 0) write_range(offset_ + uint64_t(b0 + i) * row_bytes_, bytes, p + uint64_t(i) * row_bytes_, b0, nb);
-    i = j + 1;
+  const uint64_t begin = offset_ + uint64_t(b0) * row_bytes_;
+  if (!lengths) {
+    write_range(begin, uint64_t(nb) * row_bytes_, p, b0, nb);
+  } else {
+    for (int64_t i = 0; i < nb;) {
+      // Rows i..j-1 full, then row j's valid prefix: one contiguous byte range.
+      int64_t j = i;
+      while (j + 1 < nb && lengths[j] >= positions_) ++j;
+      const uint64_t bytes =
+          uint64_t(j - i) * row_bytes_ + uint64_t(std::clamp(lengths[j], 0, positions_)) * position_bytes_;
+      if (bytes > 0) write_range(begin + uint64_t(i) * row_bytes_, bytes, p + uint64_t(i) * row_bytes_, b0, nb);
+      i = j + 1;
+    }
   }
-  ::sync_file_range(fd_, off_t(offset_ + uint64_t(b0) * row_bytes_), off_t(uint64_t(nb) * row_bytes_),
-                    SYNC_FILE_RANGE_WRITE);  // best effort
+  ::sync_file_range(fd_, off_t(begin), off_t(uint64_t(nb) * row_bytes_), SYNC_FILE_RANGE_WRITE);  // best effort
 }
 
 void RawRows::write_range(uint64_t begin, uint64_t bytes, const char* p, int64_t b0, int64_t nb) const {

@@ -58,20 +58,18 @@ class WriteBack {
 // never write its raw data itself.
 class RawRows {
  public:
-  // `file`, `object`: for messages; `path`: the file to open (the temporary output file).
-  RawRows(const std::string& file, const std::string& object, const std::string& path, uint64_t offset,
-          uint64_t row_bytes);
+  // `file`, `object`: for messages; `path`: the file to open (the temporary output file); `dset`
+  // the float32 dataset of shape `dims` [rows, positions, elements] (its offset is read here).
+  RawRows(const std::string& file, const std::string& object, const std::string& path, hid_t dset,
+          const std::vector<int64_t>& dims);
   ~RawRows();
   RawRows(const RawRows&) = delete;
   RawRows& operator=(const RawRows&) = delete;
   // Rows [b0, b0 + nb) from `data`; throws hk::Error (one line: the rows and the system's reason).
-  void write(int64_t b0, int64_t nb, const void* data) const;
-  // The same for rows of `positions` positions of `position_bytes` each (row_bytes = their
-  // product), of which only the first lengths[i] positions of row i are written: the rest of the
-  // row must be zero in `data`, and stays a never-written range of the new file, which reads as
+  // With `lengths`, only the first lengths[i] positions of row i are written: the rest of the row
+  // must be zero in `data`, and stays a never-written range of the new file, which reads as
   // zeros. Full rows and the valid prefix after them are written in one call.
-  void write_valid(int64_t b0, int64_t nb, const void* data, const int32_t* lengths, int positions,
-                   uint64_t position_bytes) const;
+  void write(int64_t b0, int64_t nb, const void* data, const int32_t* lengths = nullptr) const;
   // fsync (when `sync`) and close: "" on success, else why not.
   std::string finish(bool sync);
 
@@ -80,7 +78,8 @@ class RawRows {
 
   std::string file_, object_;
   int fd_ = -1;
-  uint64_t offset_ = 0, row_bytes_ = 0;
+  uint64_t offset_ = 0, row_bytes_ = 0, position_bytes_ = 0;
+  int positions_ = 0;
 };
 
 // The file offset of a contiguous dataset's allocated raw data; fails (hk::Error) otherwise.

@@ -81,9 +81,7 @@ void OutputFile::create() {
       H5Dcreate2(m.group.get(), "y", H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
   if (!m.y.valid()) fail_h5(path, "/output/y", "cannot create the dataset");
   if (native_float_is_f32le()) {
-    const uint64_t row_bytes = uint64_t(m.dims[1]) * uint64_t(m.dims[2]) * sizeof(float);
-    m.raw = std::make_unique<RawRows>(path, "/output/y", m.temp, contiguous_offset(m.y.get(), path, "/output/y"),
-                                      row_bytes);
+    m.raw = std::make_unique<RawRows>(path, "/output/y", m.temp, m.y.get(), m.dims);
   } else {
     m.write_back = std::make_unique<WriteBack>(m.temp);
   }
@@ -117,11 +115,7 @@ void OutputFile::write(int64_t b0, int64_t nb, const float* y, const int32_t* le
                                   ") requested, expected a range inside [0, " + std::to_string(m.dims[0]) + ")");
   if (nb == 0) return;
   if (m.raw) {
-    // Without the HDF5 lock: a read of the next chunk goes on meanwhile.
-    if (lengths)
-      m.raw->write_valid(b0, nb, y, lengths, int(m.dims[1]), uint64_t(m.dims[2]) * sizeof(float));
-    else
-      m.raw->write(b0, nb, y);
+    m.raw->write(b0, nb, y, lengths);  // without the HDF5 lock: a read of the next chunk goes on meanwhile
   } else {
     std::unique_lock<std::recursive_mutex> lock(h5_mutex());
     init();

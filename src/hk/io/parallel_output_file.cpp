@@ -135,9 +135,7 @@ ParallelOutputFile::ParallelOutputFile(const std::string& path, int64_t B, int S
         if (!native_float_is_f32le())
           fail(path, "/output/y", "HK_MPIIO_WRITE=posix writes memory floats as they are: expected little-endian "
                                   "float32 on this host, found another layout (use independent)");
-        const uint64_t row_bytes = uint64_t(S) * uint64_t(D) * sizeof(float);
-        m.raw = std::make_unique<RawRows>(path, "/output/y", m.temp,
-                                          contiguous_offset(m.y.get(), path, "/output/y"), row_bytes);
+        m.raw = std::make_unique<RawRows>(path, "/output/y", m.temp, m.y.get(), m.dims);
       } catch (const Error& e) {
         why = e.what();
       }
@@ -179,10 +177,7 @@ void ParallelOutputFile::write(int64_t b0, int64_t nb, const float* y, const int
                                   ") requested, expected a range inside [0, " + std::to_string(m.dims[0]) + ")");
   if (nb == 0 && m.independent) return;
   if (m.raw) {  // no HDF5 call and not the HDF5 lock: the reader's HDF5 read goes on meanwhile
-    if (lengths)
-      m.raw->write_valid(b0, nb, y, lengths, int(m.dims[1]), uint64_t(m.dims[2]) * sizeof(float));
-    else
-      m.raw->write(b0, nb, y);
+    m.raw->write(b0, nb, y, lengths);
     m.rows_written += nb;
     return;
   }
