@@ -9,6 +9,7 @@
 #include "attention_flash.cuh"
 
 #include "common.cuh"
+#include "launch.hpp"
 #include "ptx.cuh"
 
 #include <cuda_fp16.h>
@@ -142,6 +143,8 @@ __global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
   __half* sK = sQ + BQ * LD;                          // [2][BK][LD]
   __half* sV = sK + 2 * BK * LD;                      // [2][BK][LD]
 
+  pdl_launch_dependents();
+  pdl_wait();  // launch_pdl: lengths, offsets and qkv come from earlier kernels
   const SeqHead sh = seq_head(a);
   const int q0 = (gridDim.y - 1 - blockIdx.y) * BQ;
   __half* out = static_cast<__half*>(a.out);
@@ -533,7 +536,7 @@ void ensure_smem_limits() {
 template <int HD, int NW>
 void launch_f16(const AttentionParams& p, cudaStream_t stream) {
   const dim3 grid(p.B * p.H, (p.S + 16 * NW - 1) / (16 * NW));
-  flash_f16_kernel<HD, NW><<<grid, NW * 32, f16_smem_bytes<HD, NW>(), stream>>>(make_args(p));
+  launch_pdl(flash_f16_kernel<HD, NW>, grid, dim3(NW * 32), f16_smem_bytes<HD, NW>(), stream, make_args(p));
   HK_CUDA_CHECK_LAUNCH();
 }
 

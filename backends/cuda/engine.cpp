@@ -926,16 +926,18 @@ void CudaEngine::Impl::build_table(Plan& p) {
     };
     p.post_attn_configs = post_attn_fused_candidates(cfg.d_model, cfg.ffn_dim, p.T);
     const size_t self_index = t.size();
-    // Its launch configuration (warps per CTA, o prefetch) is its own measured decision, made
+    // Its launch configuration (warps per CTA, o prefetch, column split) is its own measured decision, made
     // once per plan on the first layer's chain (every layer has the same shape).
     auto inner = [E, P, self_index](Ctx& c, const Step* first, int count) {
       if (P->post_attn_decided || P->post_attn_configs.size() < 2) return;
       P->post_attn_decided = true;
       std::vector<tune::Candidate> cands;
       for (const PostAttnConfig& pc : P->post_attn_configs)
-        cands.push_back({"w" + std::to_string(pc.warps) + "p" + std::to_string(pc.prefetch),
+        cands.push_back({"w" + std::to_string(pc.warps) + "p" + std::to_string(pc.prefetch) +
+                             (pc.split > 0 ? "s" + std::to_string(pc.split) : std::string()),
                          std::string("warps ") + (pc.warps > 0 ? std::to_string(pc.warps) : "auto") + ", prefetch " +
-                             (pc.prefetch < 0 ? "auto" : std::to_string(pc.prefetch))});
+                             (pc.prefetch < 0 ? "auto" : std::to_string(pc.prefetch)) +
+                             (pc.split > 0 ? ", " + std::to_string(pc.split) + " warps per row block" : std::string())});
       const tune::TuneKey key = E->key(*P, "post_attn.config", {"backends/cuda/post_attn_fused"});
       const Kernel<Ctx>* self = &P->table[self_index];
       const size_t at = size_t(first - E->steps.data());

@@ -29,9 +29,11 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common.cuh"
+#include "launch.hpp"
 #include "ptx.cuh"
 
 namespace hk::cuda {
@@ -435,6 +437,8 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
     copy_panel<DP, DP, SA>(s_wo, p.w_o, D, D, D, tid, int(blockDim.x));
     copy_panel<FP, DP, SA>(s_wi, p.w_in, D, F, D, tid, int(blockDim.x));
     copy_panel<DP, FP, T::kSWf>(s_wf, p.w_out, F, D, F, tid, int(blockDim.x));
+    pdl_launch_dependents();
+    pdl_wait();  // launch_pdl: vectors and weights are staged before the previous kernel ends
     const int64_t nblk = (rows + kWarpRows - 1) / kWarpRows;
     const int64_t stride = int64_t(gridDim.x) * nw;
     int64_t blk = int64_t(warp) * gridDim.x + blockIdx.x;
@@ -532,6 +536,8 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
     const int64_t nblk = (rows + bm - 1) / bm;
     load_stage(s_w, 0);
     cp_async_commit();
+    pdl_launch_dependents();
+    pdl_wait();  // launch_pdl: vectors and the first weight panel are staged before the previous kernel ends
     const uint32_t tile = s_tiles;
 #pragma unroll 1
     for (int64_t blk = blockIdx.x; blk < nblk; blk += gridDim.x) {
@@ -567,6 +573,343 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
     }
     cp_async_wait_all();
   }
+}
+
+// ---- column-split kernel (few rows) --------------------------------------------------------------
+// A group of W warps shares one 16-row block: warp w owns residual columns [w D/W, (w+1) D/W) of
+// out_proj and ffn_out and ffn columns [w F/W, (w+1) F/W) of ffn_in, so one row block's chain is
+// W times shorter than in the row-per-warp kernels, where a warp runs all D + F + D columns of its
+// 16 rows alone. The products read their A operand from the group's shared tiles (o, then h
+// over it; the GELU output f in its own tile), the LayerNorm statistics are combined across the
+// group's warps through shared memory (Chan's pairwise update of per-warp means and centred sums
+// of squares: no second pass over the row), and the residual of the warp's columns stays in its
+// registers from out_proj to the output. G = blockDim / (32 W) groups per CTA work on different
+// row blocks with their own named barriers (ids 1..G); the weights are resident in shared
+// memory for the CTA's lifetime (exact D = F = 64 or 128) and the grid is persistent.
+template <int DP, int FP, int W>
+struct SplitTile {
+  static constexpr int kNTW = DP / (8 * W);  // residual n8 tiles per warp
+  static constexpr int kNTF = FP / (8 * W);  // ffn n8 tiles per warp
+  static constexpr int kSA = DP + 8;         // o / h tile and [*, D] weight rows (halves)
+  static constexpr int kSF = FP + 8;         // f tile and Wf rows (halves)
+  static constexpr size_t kVecBytes = round_up(size_t(6 * DP + FP) * 4, 128);
+  static constexpr size_t kWeightBytes = round_up(2 * (size_t(DP) * kSA + size_t(FP) * kSA + size_t(DP) * kSF), 128);
+  static constexpr size_t kStatBytes = size_t(W) * kWarpRows * 8;  // float2 (mean, M2) per warp and row
+  static constexpr size_t kGroupBytes = round_up(2 * kWarpRows * (size_t(kSA) + kSF) + 2 * kStatBytes, 128);
+  static_assert(kNTW >= 1 && kNTF >= 1 && DP % (8 * W) == 0 && FP % (8 * W) == 0, "whole n8 tiles per warp");
+  static_assert(DP % 16 == 0 && FP % 16 == 0, "mma k16 steps");
+};
+constexpr int kSplitMaxWarps = 16;  // launch bound: 512 threads, 128 registers
+
+template <int DP, int FP, int W>
+constexpr size_t split_smem_bytes(int groups) {
+  using T = SplitTile<DP, FP, W>;
+  return T::kVecBytes + T::kWeightBytes + size_t(groups) * T::kGroupBytes;
+}
+
+__device__ __forceinline__ void group_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// acc[NT][4] += A(16 x 16 KS from a_addr) * B(rows n of a [N, K] smem matrix, stride SB halves),
+// NT n8 tiles (odd NT: the last through ldmatrix .x2). Unrolled: few tiles per warp.
+template <int NT, int KS, int SB>
+__device__ __forceinline__ void mma_cols(float (&acc)[NT][4], uint32_t a_addr, uint32_t b_addr) {
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks) {
+    uint32_t a[4];
+    ldsm_x4(a, a_addr + ks * 32);
+#pragma unroll
+    for (int pp = 0; pp < NT / 2; ++pp) {
+      uint32_t b[4];
+      ldsm_x4(b, b_addr + uint32_t(pp * 16 * SB * 2 + ks * 32));
+      mma_16816(acc[2 * pp], a, b[0], b[1]);
+      mma_16816(acc[2 * pp + 1], a, b[2], b[3]);
+    }
+    if constexpr (NT % 2 == 1) {
+      uint32_t b0, b1;
+      ldsm_x2(b0, b1, b_addr + uint32_t((NT - 1) * 8 * SB * 2 + ks * 32));
+      mma_16816(acc[NT - 1], a, b0, b1);
+    }
+  }
+}
+
+// LayerNorm statistics of rows g and g+8 over the group's W warps: each warp's mean and centred
+// sum of squares over its 8 NT columns (quad reductions), published in `stats` ([W][16] float2),
+// one group barrier, then combined (mean = mean of the warp means, M2 = sum of the warp M2 +
+// n_w sum of squared deviations of the warp means). The residual is held relative to the row's
+// first input element, so the values are of the row's spread, not its magnitude.
+template <int NT, int W>
+__device__ __forceinline__ void split_stats(const float (&acc)[NT][4], float2* stats, int w, int g, int t, int bar,
+                                            int bar_threads, int D, float eps, float (&mean)[2], float (&rstd)[2]) {
+  constexpr float kN = float(8 * NT);
+  float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    s0 += acc[j][0] + acc[j][1];
+    s1 += acc[j][2] + acc[j][3];
+  }
+  s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+  s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+  s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+  s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+  const float m0 = s0 / kN, m1 = s1 / kN;
+  float q0 = 0.f, q1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const float a = acc[j][0] - m0, b = acc[j][1] - m0, c = acc[j][2] - m1, d = acc[j][3] - m1;
+    q0 += a * a + b * b;
+    q1 += c * c + d * d;
+  }
+  q0 += __shfl_xor_sync(0xffffffffu, q0, 1);
+  q1 += __shfl_xor_sync(0xffffffffu, q1, 1);
+  q0 += __shfl_xor_sync(0xffffffffu, q0, 2);
+  q1 += __shfl_xor_sync(0xffffffffu, q1, 2);
+  if (t == 0) {
+    stats[w * kWarpRows + g] = make_float2(m0, q0);
+    stats[w * kWarpRows + g + 8] = make_float2(m1, q1);
+  }
+  group_sync(bar, bar_threads);
+  float2 part0[W], part1[W];
+  float sm0 = 0.f, sm1 = 0.f;
+#pragma unroll
+  for (int k = 0; k < W; ++k) {
+    part0[k] = stats[k * kWarpRows + g];
+    part1[k] = stats[k * kWarpRows + g + 8];
+    sm0 += part0[k].x;
+    sm1 += part1[k].x;
+  }
+  mean[0] = sm0 / float(W);
+  mean[1] = sm1 / float(W);
+  float M0 = 0.f, M1 = 0.f;
+#pragma unroll
+  for (int k = 0; k < W; ++k) {
+    const float d0 = part0[k].x - mean[0], d1 = part1[k].x - mean[1];
+    M0 += part0[k].y + kN * d0 * d0;
+    M1 += part1[k].y + kN * d1 * d1;
+  }
+  rstd[0] = rsqrtf(M0 / float(D) + eps);
+  rstd[1] = rsqrtf(M1 / float(D) + eps);
+}
+
+template <int DP, int FP, int W>
+__global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) post_attn_split_kernel(const PostAttnParams p) {
+  using T = SplitTile<DP, FP, W>;
+  constexpr int NTW = T::kNTW, NTF = T::kNTF, SA = T::kSA, SF = T::kSF;
+  constexpr int CW = DP / W, FW = FP / W;  // residual / ffn columns per warp
+  constexpr int D = DP;
+  constexpr int kGroupThreads = W * 32;
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  const int64_t rows = p.rows;
+  const int tid = int(threadIdx.x), lane = tid & 31;
+  const int groups = int(blockDim.x) / kGroupThreads;
+  const int grp = tid / kGroupThreads, gtid = tid - grp * kGroupThreads, w = gtid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int bar = 1 + grp;  // named barrier of the group (0 is __syncthreads)
+
+  float* v_bo = reinterpret_cast<float*>(smem);
+  float* v_ln2w = v_bo + DP;
+  float* v_ln2b = v_ln2w + DP;
+  float* v_bout = v_ln2b + DP;
+  float* v_lnw = v_bout + DP;
+  float* v_lnb = v_lnw + DP;
+  float* v_bin = v_lnb + DP;
+  for (int i = tid; i < DP; i += int(blockDim.x)) {
+    v_bo[i] = p.b_o[i];
+    v_ln2w[i] = p.ln2_w[i];
+    v_ln2b[i] = p.ln2_b[i];
+    v_bout[i] = p.b_out[i];
+    v_lnw[i] = p.ln_next_w[i];
+    v_lnb[i] = p.ln_next_b[i];
+  }
+  for (int i = tid; i < FP; i += int(blockDim.x)) v_bin[i] = __half2float(p.b_in[i]);
+
+  const uint32_t s_wo = smem_u32(smem) + uint32_t(T::kVecBytes);
+  const uint32_t s_wi = s_wo + uint32_t(DP * SA) * 2u;
+  const uint32_t s_wf = s_wi + uint32_t(FP * SA) * 2u;
+  const uint32_t s_grp = smem_u32(smem) + uint32_t(T::kVecBytes + T::kWeightBytes + size_t(grp) * T::kGroupBytes);
+  const uint32_t tile = s_grp;                                      // o, then h: [16][SA]
+  const uint32_t ftile = tile + uint32_t(kWarpRows * SA) * 2u;      // f: [16][SF]
+  float2* stats = reinterpret_cast<float2*>(smem + T::kVecBytes + T::kWeightBytes + size_t(grp) * T::kGroupBytes +
+                                            2 * kWarpRows * (size_t(SA) + SF));
+  float2* stats2 = stats + W * kWarpRows;
+
+  copy_panel<DP, DP, SA>(s_wo, p.w_o, D, D, D, tid, int(blockDim.x));
+  copy_panel<FP, DP, SA>(s_wi, p.w_in, D, FP, D, tid, int(blockDim.x));
+  copy_panel<DP, FP, SF>(s_wf, p.w_out, FP, D, FP, tid, int(blockDim.x));
+  pdl_launch_dependents();
+  pdl_wait();  // launch_pdl: vectors and weights are staged before the previous kernel ends
+
+  auto load_o = [&](int64_t row0) {
+    constexpr int kChunks = DP / 8;
+    for (int i = gtid; i < kWarpRows * kChunks; i += kGroupThreads) {
+      const int r = i / kChunks, c = (i - r * kChunks) * 8;
+      const bool valid = row0 + r < rows;
+      cp_async_16(tile + uint32_t(r * SA + c) * 2u, valid ? p.o + (row0 + r) * D + c : p.o, valid);
+    }
+  };
+  // Row blocks dealt group-major (group k of CTA b takes k * grid + b, then strides by
+  // grid * groups), as the resident kernel deals them to warps.
+  const int64_t nblk = (rows + kWarpRows - 1) / kWarpRows;
+  const int64_t stride = int64_t(gridDim.x) * groups;
+  int64_t blk = int64_t(grp) * gridDim.x + blockIdx.x;
+  if (blk < nblk) load_o(blk * kWarpRows);
+  cp_async_commit();
+  cp_async_wait_all();
+  __syncthreads();  // weights, vectors and the first o tiles visible
+
+  const uint32_t a_row = uint32_t((lane & 7) + ((lane >> 3) & 1) * 8);
+  const uint32_t a_lane = (a_row * SA + uint32_t(lane >> 4) * 8) * 2u;
+  const uint32_t af_lane = (a_row * SF + uint32_t(lane >> 4) * 8) * 2u;
+  const int b_row = (lane & 7) + (lane >> 4) * 8;
+  const uint32_t b_col = uint32_t((lane >> 3) & 1) * 16u;
+  const uint32_t b_wo = s_wo + uint32_t((w * CW + b_row) * SA) * 2u + b_col;
+  const uint32_t b_wi = s_wi + uint32_t((w * FW + b_row) * SA) * 2u + b_col;
+  const uint32_t b_wf = s_wf + uint32_t((w * CW + b_row) * SF) * 2u + b_col;
+
+#pragma unroll 1
+  for (bool first = true; blk < nblk; blk += stride, first = false) {
+    const int64_t row0 = blk * kWarpRows;
+    const int64_t r0 = row0 + g, r1 = row0 + g + 8;
+    // Every read of x_in happens here, before the group's first barrier of this block, and every
+    // write of x_out after its later barriers: x_out may alias x_in (other warps' columns too).
+    const float c0 = r0 < rows ? p.x_in[r0 * D] : 0.f;
+    const float c1 = r1 < rows ? p.x_in[r1 * D] : 0.f;
+    float acc[NTW][4];
+#pragma unroll
+    for (int j = 0; j < NTW; ++j) {
+      const int col = w * CW + 8 * j + 2 * t;
+      float2 x0 = make_float2(c0, c0), x1 = make_float2(c1, c1);
+      if (r0 < rows) x0 = *reinterpret_cast<const float2*>(p.x_in + r0 * D + col);
+      if (r1 < rows) x1 = *reinterpret_cast<const float2*>(p.x_in + r1 * D + col);
+      acc[j][0] = x0.x - c0;
+      acc[j][1] = x0.y - c0;
+      acc[j][2] = x1.x - c1;
+      acc[j][3] = x1.y - c1;
+    }
+    if (!first) {
+      cp_async_wait_all();
+      group_sync(bar, kGroupThreads);  // this block's o tile (issued during the last block) visible
+    }
+    // out_proj + residual + bo
+    mma_cols<NTW, DP / 16, SA>(acc, tile + a_lane, b_wo);
+#pragma unroll
+    for (int j = 0; j < NTW; ++j) {
+      const float2 b = *reinterpret_cast<const float2*>(v_bo + w * CW + 8 * j + 2 * t);
+      acc[j][0] += b.x;
+      acc[j][1] += b.y;
+      acc[j][2] += b.x;
+      acc[j][3] += b.y;
+    }
+    // ln2 -> h over the o tile (the stats barrier also ends every warp's reads of o)
+    {
+      float mean[2], rstd[2];
+      split_stats<NTW, W>(acc, stats, w, g, t, bar, kGroupThreads, D, p.eps, mean, rstd);
+#pragma unroll
+      for (int j = 0; j < NTW; ++j) {
+        const int col = w * CW + 8 * j + 2 * t;
+        const float2 lw = *reinterpret_cast<const float2*>(v_ln2w + col);
+        const float2 lb = *reinterpret_cast<const float2*>(v_ln2b + col);
+        st_shared_u32(tile + uint32_t(g * SA + col) * 2u,
+                      pack_half2((acc[j][0] - mean[0]) * rstd[0] * lw.x + lb.x,
+                                 (acc[j][1] - mean[0]) * rstd[0] * lw.y + lb.y));
+        st_shared_u32(tile + uint32_t((g + 8) * SA + col) * 2u,
+                      pack_half2((acc[j][2] - mean[1]) * rstd[1] * lw.x + lb.x,
+                                 (acc[j][3] - mean[1]) * rstd[1] * lw.y + lb.y));
+      }
+      group_sync(bar, kGroupThreads);  // h complete
+    }
+    // ffn_in + GELU -> f tile
+    {
+      float fa[NTF][4];
+#pragma unroll
+      for (int j = 0; j < NTF; ++j) {
+        const float2 b = *reinterpret_cast<const float2*>(v_bin + w * FW + 8 * j + 2 * t);
+        fa[j][0] = b.x;
+        fa[j][1] = b.y;
+        fa[j][2] = b.x;
+        fa[j][3] = b.y;
+      }
+      mma_cols<NTF, DP / 16, SA>(fa, tile + a_lane, b_wi);
+#pragma unroll
+      for (int j = 0; j < NTF; ++j) {
+        const int col = w * FW + 8 * j + 2 * t;
+        st_shared_u32(ftile + uint32_t(g * SF + col) * 2u, pack_half2(gelu_of_f16(fa[j][0]), gelu_of_f16(fa[j][1])));
+        st_shared_u32(ftile + uint32_t((g + 8) * SF + col) * 2u,
+                      pack_half2(gelu_of_f16(fa[j][2]), gelu_of_f16(fa[j][3])));
+      }
+      group_sync(bar, kGroupThreads);  // f complete; the h tile is free
+    }
+    // The next block's o into the tile while this one finishes.
+    if (blk + stride < nblk) load_o((blk + stride) * kWarpRows);
+    cp_async_commit();
+    // ffn_out + residual + bf
+    mma_cols<NTW, FP / 16, SF>(acc, ftile + af_lane, b_wf);
+#pragma unroll
+    for (int j = 0; j < NTW; ++j) {
+      const float2 b = *reinterpret_cast<const float2*>(v_bout + w * CW + 8 * j + 2 * t);
+      acc[j][0] += b.x;
+      acc[j][1] += b.y;
+      acc[j][2] += b.x;
+      acc[j][3] += b.y;
+    }
+    float mean[2], rstd[2];
+    split_stats<NTW, W>(acc, stats2, w, g, t, bar, kGroupThreads, D, p.eps, mean, rstd);
+    if (!p.tail) {
+#pragma unroll
+      for (int j = 0; j < NTW; ++j) {
+        const int col = w * CW + 8 * j + 2 * t;
+        const float2 lw = *reinterpret_cast<const float2*>(v_lnw + col);
+        const float2 lb = *reinterpret_cast<const float2*>(v_lnb + col);
+        if (r0 < rows) {
+          *reinterpret_cast<float2*>(p.x_out + r0 * D + col) = make_float2(acc[j][0] + c0, acc[j][1] + c0);
+          *reinterpret_cast<__half2*>(p.h_out + r0 * D + col) =
+              __floats2half2_rn((acc[j][0] - mean[0]) * rstd[0] * lw.x + lb.x,
+                                (acc[j][1] - mean[0]) * rstd[0] * lw.y + lb.y);
+        }
+        if (r1 < rows) {
+          *reinterpret_cast<float2*>(p.x_out + r1 * D + col) = make_float2(acc[j][2] + c1, acc[j][3] + c1);
+          *reinterpret_cast<__half2*>(p.h_out + r1 * D + col) =
+              __floats2half2_rn((acc[j][2] - mean[1]) * rstd[1] * lw.x + lb.x,
+                                (acc[j][3] - mean[1]) * rstd[1] * lw.y + lb.y);
+        }
+      }
+    } else {
+      // Destination rows as in the row-per-warp tail (32-bit division: rows < 2^31).
+      const uint32_t u0 = uint32_t(r0), u1 = uint32_t(r1);
+      int64_t d0 = r0, d1 = r1;
+      bool w0 = r0 < rows, w1 = r1 < rows;
+      bool v0 = w0, v1 = w1;
+      if (p.row_dst != nullptr) {
+        d0 = w0 ? p.row_dst[u0] : -1;
+        d1 = w1 ? p.row_dst[u1] : -1;
+        w0 = v0 = d0 >= 0;
+        w1 = v1 = d1 >= 0;
+      } else if (p.lengths != nullptr) {
+        const uint32_t S = uint32_t(p.S);
+        v0 = w0 && int(u0 % S) < p.lengths[u0 / S];
+        v1 = w1 && int(u1 % S) < p.lengths[u1 / S];
+      }
+#pragma unroll
+      for (int j = 0; j < NTW; ++j) {
+        const int col = w * CW + 8 * j + 2 * t;
+        const float2 lw = *reinterpret_cast<const float2*>(v_lnw + col);
+        const float2 lb = *reinterpret_cast<const float2*>(v_lnb + col);
+        if (w0) {
+          *reinterpret_cast<float2*>(p.y + d0 * D + col) =
+              v0 ? make_float2((acc[j][0] - mean[0]) * rstd[0] * lw.x + lb.x, (acc[j][1] - mean[0]) * rstd[0] * lw.y + lb.y)
+                 : make_float2(0.f, 0.f);
+        }
+        if (w1) {
+          *reinterpret_cast<float2*>(p.y + d1 * D + col) =
+              v1 ? make_float2((acc[j][2] - mean[1]) * rstd[1] * lw.x + lb.x, (acc[j][3] - mean[1]) * rstd[1] * lw.y + lb.y)
+                 : make_float2(0.f, 0.f);
+        }
+      }
+    }
+  }
+  cp_async_wait_all();
 }
 
 // ---- launch layer --------------------------------------------------------------------------------
@@ -657,7 +1000,8 @@ Resolved resolve(const PostAttnConfig& cfg, int64_t rows, const DeviceLimits& li
 template <int DP, int FP, bool kPad>
 void launch(const PostAttnParams& p, cudaStream_t stream, const PostAttnConfig& cfg) {
   const Resolved r = resolve<DP, FP, kPad>(cfg, p.rows, device_limits());
-  post_attn_kernel<DP, FP, kPad><<<unsigned(r.grid), unsigned(r.warps * 32), r.smem, stream>>>(p, r.nbuf);
+  launch_pdl(post_attn_kernel<DP, FP, kPad>, dim3(unsigned(r.grid)), dim3(unsigned(r.warps * 32)), r.smem, stream, p,
+             r.nbuf);
   HK_CUDA_CHECK_LAUNCH();
 }
 
@@ -706,6 +1050,89 @@ std::vector<PostAttnConfig> candidates(int64_t rows) {
     }
   }
   return out;
+}
+
+// ---- column-split kernel: launch layer ------------------------------------------------------------
+bool split_supported(int D, int F) { return (D == 64 && F == 64) || (D == 128 && F == 128); }
+
+template <int DP, int FP, int W>
+void raise_split_smem_limit() {
+  static const bool done = [] {
+    HK_CUDA_CHECK(cudaFuncSetAttribute(post_attn_split_kernel<DP, FP, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       device_limits().smem_optin));
+    return true;
+  }();
+  (void)done;
+}
+
+template <int DP, int FP, int W>
+Resolved resolve_split(const PostAttnConfig& cfg, int64_t rows, const DeviceLimits& lim) {
+  raise_split_smem_limit<DP, FP, W>();
+  constexpr int kMaxGroups = kSplitMaxWarps / W;
+  int groups = cfg.warps > 0 ? std::clamp(cfg.warps / W, 1, kMaxGroups) : 2;
+  while (groups > 1 && split_smem_bytes<DP, FP, W>(groups) > size_t(lim.smem_optin)) --groups;
+  if (split_smem_bytes<DP, FP, W>(groups) > size_t(lim.smem_optin)) {
+    throw std::invalid_argument("hk::post_attn[cuda.fused.split]: shared memory of this device too small");
+  }
+  Resolved r;
+  r.warps = groups * W;
+  r.nbuf = 1;
+  r.exact = cfg.split == W && (cfg.warps <= 0 || cfg.warps == r.warps) && cfg.prefetch <= 0;
+  r.smem = split_smem_bytes<DP, FP, W>(groups);
+  HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.occ, post_attn_split_kernel<DP, FP, W>,
+                                                              r.warps * 32, r.smem));
+  if (r.occ < 1) throw std::invalid_argument("hk::post_attn[cuda.fused.split]: kernel does not fit on an SM");
+  const int64_t blocks = (rows + kWarpRows - 1) / kWarpRows;
+  r.grid = std::max<int64_t>(1, std::min<int64_t>(int64_t(r.occ) * lim.sms, (blocks + groups - 1) / groups));
+  return r;
+}
+
+// `fn` called with the split width as a compile-time constant: 8 for split >= 8, else 4.
+template <class Fn>
+auto with_split_width(int split, Fn&& fn) {
+  if (split >= 8) return fn(std::integral_constant<int, 8>{});
+  return fn(std::integral_constant<int, 4>{});
+}
+
+template <int DP, int FP>
+void launch_split(const PostAttnParams& p, cudaStream_t stream, const PostAttnConfig& cfg) {
+  with_split_width(cfg.split, [&](auto wc) {
+    constexpr int W = decltype(wc)::value;
+    const Resolved r = resolve_split<DP, FP, W>(cfg, p.rows, device_limits());
+    launch_pdl(post_attn_split_kernel<DP, FP, W>, dim3(unsigned(r.grid)), dim3(unsigned(r.warps * 32)), r.smem, stream,
+               p);
+    HK_CUDA_CHECK_LAUNCH();
+  });
+}
+
+template <int DP, int FP>
+PostAttnConfig effective_split(int64_t rows, const PostAttnConfig& cfg) {
+  return with_split_width(cfg.split, [&](auto wc) {
+    constexpr int W = decltype(wc)::value;
+    const Resolved r = resolve_split<DP, FP, W>(cfg, rows, device_limits());
+    return PostAttnConfig{r.warps, 0, W};
+  });
+}
+
+// The column-split candidates (post_attn_fused_candidates in the header): 8 warps per row block
+// with 1 and 2 row blocks per CTA, 4 warps with 2 and 4, while there are at most 16 row blocks
+// per SM; beyond that (many rows: the row-per-warp kernels keep every warp busy) only 8 x 2.
+template <int DP, int FP>
+void split_candidates(int64_t rows, std::vector<PostAttnConfig>& out) {
+  const DeviceLimits lim = device_limits();
+  const int64_t blocks = (rows + kWarpRows - 1) / kWarpRows;
+  std::vector<PostAttnConfig> want{{16, 0, 8}};
+  if (blocks <= int64_t(16) * lim.sms) want = {{8, 0, 8}, {16, 0, 8}, {8, 0, 4}, {16, 0, 4}};
+  std::vector<PostAttnConfig> runs;
+  for (const PostAttnConfig& c : want) {
+    const Resolved r = with_split_width(c.split, [&](auto wc) {
+      return resolve_split<DP, FP, decltype(wc)::value>(c, rows, lim);
+    });
+    const PostAttnConfig run{r.warps, 0, c.split};
+    if (!r.exact || std::find(runs.begin(), runs.end(), run) != runs.end()) continue;
+    runs.push_back(run);
+    out.push_back(c);
+  }
 }
 
 bool aligned(const void* ptr, uintptr_t a) { return (reinterpret_cast<uintptr_t>(ptr) & (a - 1)) == 0; }
@@ -765,6 +1192,9 @@ bool post_attn_fused_supports(int D, int F) {
 void post_attn_fused(const PostAttnParams& p, cudaStream_t stream, const PostAttnConfig& config) {
   validate(p);
   if (p.rows == 0) return;
+  if (config.split > 0 && split_supported(p.D, p.F)) {
+    return p.D == 64 ? launch_split<64, 64>(p, stream, config) : launch_split<128, 128>(p, stream, config);
+  }
   switch (pick_variant(p.D, p.F)) {
     case Variant::d64: return launch<64, 64, false>(p, stream, config);
     case Variant::d128: return launch<128, 128, false>(p, stream, config);
@@ -778,6 +1208,9 @@ void post_attn_fused(const PostAttnParams& p, cudaStream_t stream) { post_attn_f
 
 PostAttnConfig post_attn_fused_effective(int D, int F, int64_t rows, const PostAttnConfig& config) {
   if (!post_attn_fused_supports(D, F)) return PostAttnConfig{};
+  if (config.split > 0 && split_supported(D, F)) {
+    return D == 64 ? effective_split<64, 64>(rows, config) : effective_split<128, 128>(rows, config);
+  }
   switch (pick_variant(D, F)) {
     case Variant::d64: return effective<64, 64, false>(rows, config);
     case Variant::d128: return effective<128, 128, false>(rows, config);
@@ -790,13 +1223,22 @@ PostAttnConfig post_attn_fused_effective(int D, int F, int64_t rows, const PostA
 std::vector<PostAttnConfig> post_attn_fused_candidates(int D, int F, int64_t rows) {
   if (!post_attn_fused_supports(D, F)) return {};
   rows = std::max<int64_t>(rows, 1);
+  std::vector<PostAttnConfig> out;
   switch (pick_variant(D, F)) {
-    case Variant::d64: return candidates<64, 64, false>(rows);
-    case Variant::d128: return candidates<128, 128, false>(rows);
-    case Variant::d256: return candidates<256, 256, false>(rows);
-    case Variant::pad128: return candidates<128, 128, true>(rows);
-    default: return candidates<256, 256, true>(rows);
+    case Variant::d64: out = candidates<64, 64, false>(rows); break;
+    case Variant::d128: out = candidates<128, 128, false>(rows); break;
+    case Variant::d256: out = candidates<256, 256, false>(rows); break;
+    case Variant::pad128: out = candidates<128, 128, true>(rows); break;
+    default: out = candidates<256, 256, true>(rows); break;
   }
+  if (split_supported(D, F)) {
+    if (D == 64) {
+      split_candidates<64, 64>(rows, out);
+    } else {
+      split_candidates<128, 128>(rows, out);
+    }
+  }
+  return out;
 }
 
 const char* post_attn_fused_name(int D, int F) {

@@ -57,6 +57,24 @@ __device__ __forceinline__ void mma_1688(float (&d)[4], uint32_t a0, uint32_t a1
                : "r"(a0), "r"(a1), "r"(b0));
 }
 
+// Programmatic dependent launch (launch.hpp: launch_pdl). pdl_wait: block until the grids this
+// one depends on in its stream have completed and their memory is visible; every kernel launched
+// with launch_pdl calls it before its first access to memory that an earlier kernel of the
+// stream writes or reads (only parameters and the model's weights may be read before it).
+// pdl_launch_dependents: lets the stream's next kernel start launching (its CTAs then run up to
+// their own pdl_wait) once every CTA of this grid has called it or exited. Both are no-ops when
+// the kernel was launched without the attribute, and compile to nothing before sm_90.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

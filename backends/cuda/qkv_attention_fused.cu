@@ -17,6 +17,7 @@
 #include "qkv_attention_fused.cuh"
 
 #include "common.cuh"
+#include "launch.hpp"
 #include "ptx.cuh"
 
 #include <cuda_fp16.h>
@@ -176,6 +177,8 @@ __global__ void __launch_bounds__(kThreads, Unit<HD>::kMinBlocks) qkv_attention_
     }
     cp_async_commit();
   };
+  pdl_launch_dependents();
+  pdl_wait();  // launch_pdl: the weights above are staged before the previous kernel ends
   load_h(seq0);
 
   const float sl2 = a.scale_log2;
@@ -493,7 +496,8 @@ FusedArgs make_args(const QkvAttentionParams& p, const QkvAttentionMap& m) {
 
 template <int HD>
 void launch(const QkvAttentionParams& p, const QkvAttentionMap& m, cudaStream_t stream) {
-  qkv_attention_kernel<HD><<<unsigned(grid_of(p, m)), kThreads, smem_bytes(p, m), stream>>>(make_args(p, m));
+  launch_pdl(qkv_attention_kernel<HD>, dim3(unsigned(grid_of(p, m))), dim3(kThreads), smem_bytes(p, m), stream,
+             make_args(p, m));
   HK_CUDA_CHECK_LAUNCH();
 }
 

@@ -12,6 +12,8 @@
 #include <string>
 
 #include "common.cuh"
+#include "launch.hpp"
+#include "ptx.cuh"
 
 namespace hk::cuda {
 namespace {
@@ -208,6 +210,8 @@ __device__ __forceinline__ bool route(const RowNormArgs& a, int64_t item, int ti
 template <class OutT, int VEC, int NV, int TPR, Mode M>
 __global__ void __launch_bounds__(TPR == kWarp ? kWarp * kMaxWarpRowsPerBlock : TPR)
     row_norm_kernel(const RowNormArgs a) {
+  ptx::pdl_launch_dependents();
+  ptx::pdl_wait();  // launch_pdl: every input comes from earlier work of the stream
   // Warp per row: as many rows per block as the launch has warps (a tuning choice).
   const int rows_per_block = TPR == kWarp ? int(blockDim.x) / kWarp : 1;
   const int tid = TPR == kWarp ? int(threadIdx.x & (kWarp - 1)) : int(threadIdx.x);
@@ -286,6 +290,8 @@ __global__ void __launch_bounds__(TPR == kWarp ? kWarp * kMaxWarpRowsPerBlock : 
 // (mostly L1/L2 hits after the first).
 template <class OutT, Mode M>
 __global__ void __launch_bounds__(kBlockThreads) row_norm_loop_kernel(const RowNormArgs a) {
+  ptx::pdl_launch_dependents();
+  ptx::pdl_wait();  // launch_pdl: every input comes from earlier work of the stream
   const int64_t item = blockIdx.x;
   const int D = a.D;
   const int tid = int(threadIdx.x);
@@ -328,9 +334,9 @@ void launch_rows(const RowNormArgs& a, cudaStream_t s) {
   if constexpr (TPR == kWarp) {
     const int rpb = a.rows_per_block > 0 ? a.rows_per_block : kWarpRowsPerBlock;
     const int64_t blocks = (a.rows + rpb - 1) / rpb;
-    row_norm_kernel<OutT, VEC, NV, TPR, M><<<grid_for(blocks), kWarp * rpb, 0, s>>>(a);
+    launch_pdl(row_norm_kernel<OutT, VEC, NV, TPR, M>, dim3(grid_for(blocks)), dim3(kWarp * rpb), 0, s, a);
   } else {
-    row_norm_kernel<OutT, VEC, NV, TPR, M><<<grid_for(a.rows), TPR, 0, s>>>(a);
+    launch_pdl(row_norm_kernel<OutT, VEC, NV, TPR, M>, dim3(grid_for(a.rows)), dim3(TPR), 0, s, a);
   }
   HK_CUDA_CHECK_LAUNCH();
 }
@@ -342,7 +348,7 @@ void dispatch(const RowNormArgs& a, cudaStream_t s) {
   if (a.D < 1) throw CudaError("row kernel: D < 1");
   const RowNormLaunch l = choose_row_norm_launch(a.D);
   if (l.threads_per_row == 0) {
-    row_norm_loop_kernel<OutT, M><<<grid_for(a.rows), kBlockThreads, 0, s>>>(a);
+    launch_pdl(row_norm_loop_kernel<OutT, M>, dim3(grid_for(a.rows)), dim3(kBlockThreads), 0, s, a);
     HK_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -383,6 +389,8 @@ constexpr int kScanTile = kScanThreads * kScanItems;
 
 __global__ void __launch_bounds__(kScanThreads)
     packed_offsets_kernel(const int32_t* lengths, int B, int S, int32_t* seq_start) {
+  ptx::pdl_launch_dependents();
+  ptx::pdl_wait();  // launch_pdl: the lengths come from earlier work of the stream
   __shared__ int32_t tile[kScanTile];
   __shared__ int32_t warp_total[kScanThreads / kWarp];
   const int tid = int(threadIdx.x), lane = tid & (kWarp - 1), wid = tid / kWarp;
@@ -526,7 +534,7 @@ void final_layer_norm(const float* x, float* y, const float* w, const float* b, 
 void packed_offsets(const int32_t* lengths, int B, int S, int32_t* seq_start, cudaStream_t stream) {
   if (B < 0 || S < 0) throw CudaError("packed_offsets: negative B or S");
   if (seq_start == nullptr) throw CudaError("packed_offsets: null seq_start");
-  packed_offsets_kernel<<<1, kScanThreads, 0, stream>>>(lengths, B, S, seq_start);
+  launch_pdl(packed_offsets_kernel, dim3(1), dim3(kScanThreads), 0, stream, lengths, B, S, seq_start);
   HK_CUDA_CHECK_LAUNCH();
 }
 

@@ -9,13 +9,14 @@
 #   bench_hk.json    Google Benchmark JSON of hk's forward per case: untuned and tuned (random lengths)
 #   bench_full.json  the same, tuned, every sequence at full length (phase bench_full)
 #   bench_nopack.json  tuned with HK_PACK=0: the dense plans, for the padding-free gain (phase bench_nopack)
+#   bench_nopdl.json   tuned with HK_PDL=0: ordinary launches, for the programmatic-launch gain (phase bench_nopdl)
 #   e2e.txt          case 6 file in, file out: hk_forward vs hk_io_baseline (read + write only), PASS/FAIL vs 1.3x
 #   multigpu.txt     phase multigpu: scaling over the GPUs under mpirun, bit identity (multi_gpu.sh)
 #   peers.json       PyTorch peers (eager fp32, compiled) per case
 #   regress/         perf/regress run JSON (device identity, build, date) + the per-case plot
 #   summary.md       the tables for perf/RESULTS.md
 # Usage: perf/device/run.sh [phase ...]   phases: env tests sanitize accuracy bench bench_full
-#        bench_nopack e2e profile peers regress summary (default: all but profile; always run
+#        bench_nopack bench_nopdl e2e profile peers regress summary (default: all but profile; always run
 #        in this order). profile: ncu per-kernel tables (perf/device/profile.sh; HK_PROFILE_CASES).
 #        multigpu (not in the default list; runs after profile): a stage with HK_DEVICE_MPI=ON,
 #        perf/device/multi_gpu.sh (HK_MGPU_* knobs).
@@ -31,7 +32,7 @@ OUT=/tmp/hk-results  # everything lands here first; packed into $FINAL/results.t
 mkdir -p "$OUT"
 pkg=/tmp/hk-pkg
 phases=("$@")
-[ ${#phases[@]} -eq 0 ] && phases=(env tests sanitize accuracy bench bench_full bench_nopack e2e peers regress summary)
+[ ${#phases[@]} -eq 0 ] && phases=(env tests sanitize accuracy bench bench_full bench_nopack bench_nopdl e2e peers regress summary)
 want() { local p; for p in "${phases[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 t0=$(date +%s)
 # Packs what is there so far, so a run stopped at its time limit still returns its results.
@@ -136,6 +137,19 @@ if want accuracy; then
       rc=$?
       status["accuracy-case$c-$prec"]=$rc
     done
+    # Programmatic dependent launch (HK_PDL) changes when kernels start, never what they compute:
+    # the same plan (decisions from one tune cache) with and without it must give the same bits.
+    for pdl in 1 0; do
+      HK_PDL=$pdl HK_TUNE_CACHE="$work/tune-pdl" hk_forward --backend cuda --input "$work/acc$c.h5" \
+        --output "$work/out$c-pdl$pdl.h5" --quiet >> "$OUT/accuracy.log" 2>&1
+    done
+    if cmp -s "$work/out$c-pdl1.h5" "$work/out$c-pdl0.h5"; then
+      echo "--- case $c HK_PDL=1 vs HK_PDL=0: identical bits PASS" >> "$OUT/accuracy.log"
+      status["pdl-identity-case$c"]=0
+    else
+      echo "--- case $c HK_PDL=1 vs HK_PDL=0: outputs differ FAIL" >> "$OUT/accuracy.log"
+      status["pdl-identity-case$c"]=1
+    fi
     stamp "  case $c"
   done < "$share/cases.csv"
 fi
@@ -162,6 +176,13 @@ if want bench_nopack; then
   (cd "$share" && HK_PACK=0 hk_bench_cuda --tune on --tune-cache "$work/tune-nopack" \
      --benchmark_format=console --benchmark_out="$OUT/bench_nopack.json" --benchmark_out_format=json \
      ${HK_BENCH_NOPACK_ARGS:-}) 2>&1 | tail -20
+fi
+
+if want bench_nopdl; then
+  stamp "bench_nopdl"
+  (cd "$share" && HK_PDL=0 hk_bench_cuda --tune on --tune-cache "$work/tune-nopdl" \
+     --benchmark_format=console --benchmark_out="$OUT/bench_nopdl.json" --benchmark_out_format=json \
+     ${HK_BENCH_NOPDL_ARGS:-}) 2>&1 | tail -20
 fi
 
 if want e2e; then
@@ -324,6 +345,11 @@ if want summary; then
     if [ -f "$OUT/bench_nopack.json" ]; then
       echo; echo "## Random lengths, tuned, HK_PACK=0 (dense plans)"
       python3 "$share/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_nopack.json" --peers "$OUT/peers.json" \
+        --cases "$share/cases.csv"
+    fi
+    if [ -f "$OUT/bench_nopdl.json" ]; then
+      echo; echo "## Random lengths, tuned, HK_PDL=0 (ordinary kernel launches)"
+      python3 "$share/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_nopdl.json" --peers "$OUT/peers.json" \
         --cases "$share/cases.csv"
     fi
     if [ -f "$OUT/bench_full.json" ]; then

@@ -19,7 +19,7 @@
 // accuracy) through ln2 and the final LayerNorm of every kernel; the tail with row_dst (packed
 // rows scattered to the padded layout) against the dense tail, bit for bit; every configuration
 // of post_attn_fused_candidates at 128, 1000 and 8192 rows (valid as given, distinct, correct).
-// Then timings (cudaEvent, median of 50) at the shapes of cases.csv, with the bytes the fused
+// Then timings (graph replay of 20 launches, median of 30) at the shapes of cases.csv, with the bytes the fused
 // chain moves and a rough count for the split route (~40 B per element).
 #include "post_attn_fused.cuh"
 
@@ -393,9 +393,10 @@ Outcome run_case(const Case& c, uint64_t seed) {
 }
 
 std::string cfg_name(const PostAttnConfig& c) {
-  if (c.warps == 0 && c.prefetch < 0) return "auto";
+  if (c.warps == 0 && c.prefetch < 0 && c.split == 0) return "auto";
   return "w" + (c.warps ? std::to_string(c.warps) : std::string("-")) + ".pf" +
-         (c.prefetch < 0 ? std::string("-") : std::to_string(c.prefetch));
+         (c.prefetch < 0 ? std::string("-") : std::to_string(c.prefetch)) +
+         (c.split > 0 ? ".s" + std::to_string(c.split) : std::string());
 }
 
 // ---- shared setup of the extra checks ------------------------------------------------------------
@@ -486,7 +487,7 @@ struct LnOutcome {
   bool ok() const { return error.empty() && bad == 0 && not_exact == 0 && unwritten == 0; }
 };
 
-LnOutcome run_ln_case(int D, int F, int64_t rows, bool tail, LnMode mode, uint64_t seed) {
+LnOutcome run_ln_case(int D, int F, int64_t rows, bool tail, LnMode mode, uint64_t seed, const PostAttnConfig& cfg) {
   LnOutcome out;
   if (!hk::cuda::post_attn_fused_supports(D, F)) {
     out.error = "unsupported";
@@ -533,7 +534,7 @@ LnOutcome run_ln_case(int D, int F, int64_t rows, bool tail, LnMode mode, uint64
   p.y = tail ? d_y.p : nullptr;
   p.tail = tail;
   p.rows = rows;
-  out.error = launch_sync(p, PostAttnConfig{});
+  out.error = launch_sync(p, cfg);
   if (!out.error.empty()) return out;
   const std::vector<float> xo = tail ? std::vector<float>() : d_xo.down();
   const std::vector<__half> h = tail ? std::vector<__half>() : d_h.down();
@@ -733,21 +734,38 @@ void time_shape(const TimingShape& t, double copy_gbs) {
   p.rows = t.rows;
   p.D = t.D;
   p.F = t.F;
+  // A graph of kLaunches launches, replayed: the GPU time per launch without the host's share
+  // (each launch resolves its configuration on the host: microseconds that a single event-timed
+  // launch of a small problem would count).
+  constexpr int kLaunches = 20;
+  cudaStream_t st;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  for (int i = 0; i < 3; ++i) hk::cuda::post_attn_fused(p, st, t.cfg);
+  CHECK_CUDA(cudaStreamSynchronize(st));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kLaunches; ++i) hk::cuda::post_attn_fused(p, st, t.cfg);
+  CHECK_CUDA(cudaStreamEndCapture(st, &graph));
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK_CUDA(cudaGraphLaunch(exec, st));
+  CHECK_CUDA(cudaStreamSynchronize(st));
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; ++i) hk::cuda::post_attn_fused(p, nullptr, t.cfg);
-  CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<float> ms;
-  for (int i = 0; i < 50; ++i) {
-    CHECK_CUDA(cudaEventRecord(e0));
-    hk::cuda::post_attn_fused(p, nullptr, t.cfg);
-    CHECK_CUDA(cudaEventRecord(e1));
+  for (int i = 0; i < 30; ++i) {
+    CHECK_CUDA(cudaEventRecord(e0, st));
+    CHECK_CUDA(cudaGraphLaunch(exec, st));
+    CHECK_CUDA(cudaEventRecord(e1, st));
     CHECK_CUDA(cudaEventSynchronize(e1));
     float v = 0;
     CHECK_CUDA(cudaEventElapsedTime(&v, e0, e1));
-    ms.push_back(v);
+    ms.push_back(v / kLaunches);
   }
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaStreamDestroy(st));
   std::sort(ms.begin(), ms.end());
   const double med = ms[ms.size() / 2];
   const double fused_bytes = double(n) * (t.tail ? 10.0 : 12.0);
@@ -871,6 +889,31 @@ int main() {
     c.note = "config";
     cases.push_back(c);
   }
+  // Column-split kernel: every width and group count, row counts around the 16-row block and the
+  // persistent loop (100001 rows: many row blocks per group), aliasing, every lengths mode, NaN in
+  // padded rows, D = 64 and 128.
+  for (const auto& sh : {std::pair<int, int>{128, 128}, {64, 64}}) {
+    for (const PostAttnConfig cfg : {PostAttnConfig{8, 0, 8}, PostAttnConfig{16, 0, 8}, PostAttnConfig{4, 0, 4},
+                                     PostAttnConfig{16, 0, 4}}) {
+      for (const int64_t rows : {int64_t(1), int64_t(15), int64_t(17), int64_t(128), int64_t(1000), int64_t(100001)}) {
+        for (const bool tail : {false, true}) {
+          Case c;
+          c.D = sh.first;
+          c.F = sh.second;
+          c.rows = rows;
+          c.cfg = cfg;
+          c.tail = tail;
+          c.S = rows == 1 ? 1 : 16;
+          c.lens = tail ? (rows % 2 == 1 ? Lens::edge : Lens::random) : Lens::none;
+          c.nan_pad = tail && rows == 1000;
+          c.alias = !tail && rows % 2 == 1;
+          c.sample = rows > 5000 ? 1024 : 0;
+          c.note = "split";
+          cases.push_back(c);
+        }
+      }
+    }
+  }
   // Graph capture (launch-only, no allocation, no attribute change inside the capture).
   for (const auto& sh : {std::pair<int, int>{128, 128}, {256, 256}}) {
     Case c;
@@ -883,6 +926,14 @@ int main() {
     c.tail = true;
     c.S = 128;
     c.lens = Lens::random;
+    cases.push_back(c);
+  }
+  {
+    Case c;
+    c.rows = 4099;
+    c.graph = true;
+    c.cfg = PostAttnConfig{16, 0, 8};
+    c.note = "graph";
     cases.push_back(c);
   }
 
@@ -903,19 +954,27 @@ int main() {
     ++n;
   }
   // LayerNorm on hard rows (constant, 1e4 +- 1): every kernel variant, layer and tail.
-  std::printf("\n%-4s %-42s %-4s %-4s %-7s %-5s %-6s %-9s %-6s %-9s %-5s %s\n", "#", "kernel", "D", "F", "rows",
-              "kind", "mode", "err/tol", "bad", "not_exact", "unwr", "result");
+  // The column-split kernel (D = F = 64 / 128) combines its statistics across warps: checked too.
+  std::printf("\n%-4s %-42s %-4s %-4s %-7s %-5s %-6s %-12s %-9s %-6s %-9s %-5s %s\n", "#", "kernel", "D", "F", "rows",
+              "kind", "mode", "config", "err/tol", "bad", "not_exact", "unwr", "result");
   for (const auto& sh : shapes) {
-    for (const bool tail : {false, true}) {
-      for (const LnMode mode : {LnMode::exact, LnMode::ln2}) {
-        if (mode == LnMode::ln2 && tail) continue;  // x_out is not stored in the tail
-        const LnOutcome r = run_ln_case(sh[0], sh[1], 203, tail, mode, 0x1A7E0000ull + uint64_t(n) * 31ull);
-        failures += r.ok() ? 0 : 1;
-        std::printf("%-4d %-42s %-4d %-4d %-7d %-5s %-6s %-9.3f %-6ld %-9ld %-5ld %s%s%s\n", n,
-                    hk::cuda::post_attn_fused_name(sh[0], sh[1]), sh[0], sh[1], 203, tail ? "tail" : "layer",
-                    mode == LnMode::exact ? "exact" : "ln2", r.ratio, r.bad, r.not_exact, r.unwritten,
-                    r.ok() ? "PASS" : "FAIL", r.error.empty() ? "" : ": ", r.error.c_str());
-        ++n;
+    std::vector<PostAttnConfig> cfgs{PostAttnConfig{}};
+    if ((sh[0] == 64 && sh[1] == 64) || (sh[0] == 128 && sh[1] == 128)) {
+      cfgs.push_back(PostAttnConfig{16, 0, 8});
+      cfgs.push_back(PostAttnConfig{8, 0, 4});
+    }
+    for (const PostAttnConfig& cfg : cfgs) {
+      for (const bool tail : {false, true}) {
+        for (const LnMode mode : {LnMode::exact, LnMode::ln2}) {
+          if (mode == LnMode::ln2 && tail) continue;  // x_out is not stored in the tail
+          const LnOutcome r = run_ln_case(sh[0], sh[1], 203, tail, mode, 0x1A7E0000ull + uint64_t(n) * 31ull, cfg);
+          failures += r.ok() ? 0 : 1;
+          std::printf("%-4d %-42s %-4d %-4d %-7d %-5s %-6s %-12s %-9.3f %-6ld %-9ld %-5ld %s%s%s\n", n,
+                      hk::cuda::post_attn_fused_name(sh[0], sh[1]), sh[0], sh[1], 203, tail ? "tail" : "layer",
+                      mode == LnMode::exact ? "exact" : "ln2", cfg_name(cfg).c_str(), r.ratio, r.bad, r.not_exact,
+                      r.unwritten, r.ok() ? "PASS" : "FAIL", r.error.empty() ? "" : ": ", r.error.c_str());
+          ++n;
+        }
       }
     }
   }
@@ -953,12 +1012,14 @@ int main() {
       std::string list;
       for (size_t i = 0; i < cands.size(); ++i) {
         const PostAttnConfig eff = hk::cuda::post_attn_fused_effective(sh.first, sh.second, rows, cands[i]);
-        if (i > 0 && (eff.warps != cands[i].warps || (cands[i].prefetch >= 0 && eff.prefetch != cands[i].prefetch))) {
+        if (i > 0 && (eff.warps != cands[i].warps || eff.split != cands[i].split ||
+                      (cands[i].prefetch >= 0 && eff.prefetch != cands[i].prefetch))) {
           ok = false;
         }
         if (std::find(runs.begin(), runs.end(), eff) != runs.end()) ok = false;
         runs.push_back(eff);
-        list += " " + cfg_name(cands[i]) + "[" + std::to_string(eff.warps) + "." + std::to_string(eff.prefetch) + "]";
+        list += " " + cfg_name(cands[i]) + "[" + std::to_string(eff.warps) + "." + std::to_string(eff.prefetch) +
+                (eff.split > 0 ? ".s" + std::to_string(eff.split) : std::string()) + "]";
         Case c;
         c.D = sh.first;
         c.F = sh.second;
@@ -1002,7 +1063,7 @@ int main() {
   // HK_TEST_NO_TIMING=1 (e.g. under compute-sanitizer): correctness only.
   if (const char* nt = std::getenv("HK_TEST_NO_TIMING"); nt && *nt && *nt != '0') return failures == 0 ? 0 : 1;
 
-  std::printf("\ntimings (median of 50, cudaEvent; fused bytes = rows*D*12, tail 10; split route ~40 B/element)\n");
+  std::printf("\ntimings (per launch: median of 30 replays of a graph of 20 launches; fused bytes = rows*D*12, tail 10; split route ~40 B/element)\n");
   const double copy_gbs = measure_copy_gbs();
   std::printf("device-to-device copy: %.1f GB/s\n", copy_gbs);
   const TimingShape shapes_t[] = {
@@ -1012,9 +1073,25 @@ int main() {
       {"case6 layer", 128, 128, 1280000, false, {8, 1}},
       {"case6 layer", 128, 128, 1280000, false, {8, 0}},
       {"case6 layer", 128, 128, 1280000, false, {6, 1}},
+      {"case6 layer", 128, 128, 1280000, false, {16, 0, 8}},
       {"case1 layer", 128, 128, 8192, false, {}},
+      {"case1 layer", 128, 128, 8192, false, {8, 0, 8}},
+      {"case1 layer", 128, 128, 8192, false, {16, 0, 8}},
+      {"case1 layer", 128, 128, 8192, false, {8, 0, 4}},
+      {"case1 layer", 128, 128, 8192, false, {16, 0, 4}},
+      {"case1 packed layer", 128, 128, 4352, false, {}},
+      {"case1 packed layer", 128, 128, 4352, false, {16, 0, 8}},
+      {"case1 packed layer", 128, 128, 4352, false, {16, 0, 4}},
       {"case2 layer", 128, 128, 128, false, {}},
+      {"case2 layer", 128, 128, 128, false, {8, 0, 8}},
+      {"case2 layer", 128, 128, 128, false, {16, 0, 8}},
+      {"case2 layer", 128, 128, 128, false, {8, 0, 4}},
+      {"case2 tail", 128, 128, 128, true, {16, 0, 8}},
       {"case4 layer", 64, 64, 8192, false, {}},
+      {"case4 layer", 64, 64, 8192, false, {16, 0, 8}},
+      {"case4 layer", 64, 64, 8192, false, {16, 0, 4}},
+      {"case5 packed layer", 128, 128, 33000, false, {}},
+      {"case5 packed layer", 128, 128, 33000, false, {16, 0, 8}},
       {"case12 layer", 256, 256, 16384, false, {}},
       {"d256 1.28M layer", 256, 256, 1280000, false, {}},
       {"d64 1.28M layer", 64, 64, 1280000, false, {}},

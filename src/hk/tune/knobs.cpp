@@ -48,6 +48,10 @@ const std::vector<Knob>& knobs() {
        "packed by the first LayerNorm, GEMMs and row kernels on them, scattered back by the final LayerNorm. "
        "auto: when the packed rows (bucketed to B*S/32) are at most 85% of B*S and B*S >= 4096; 1: always; "
        "0: never (the dense plan)."},
+      {"HK_PDL", "1|0", "1", "cuda",
+       "Programmatic dependent launch of hk's own kernels on sm_90 and newer (also inside the forward's CUDA "
+       "graph): a kernel stages its weights and launches while the previous kernel finishes, then waits for it "
+       "before reading activations. 0: ordinary launches. The bits of the output are the same either way."},
       {"HK_MPIIO_WRITE", "independent|posix|collective|individual", "independent", "io",
        "How the ranks of an MPI job write /output/y. independent: each rank writes its chunks (contiguous row "
        "ranges) through parallel HDF5 when they are ready, with no write rounds shared between ranks; posix: "

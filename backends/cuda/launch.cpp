@@ -1,0 +1,31 @@
+#include "launch.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+namespace hk::cuda {
+
+bool pdl_enabled() {
+  static const bool env_on = [] {
+    const char* v = std::getenv("HK_PDL");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  if (!env_on) return false;
+  // Per device: 0 not asked yet, 1 off, 2 on (compute capability 9.0 or newer).
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices] = {};
+  int dev = 0;
+  HK_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= kMaxDevices) return false;
+  int v = known[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0;
+    HK_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    v = major >= 9 ? 2 : 1;
+    known[dev].store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
+}
+
+}  // namespace hk::cuda

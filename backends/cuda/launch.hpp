@@ -1,0 +1,45 @@
+// Kernel launches with programmatic dependent launch (PDL, sm_90+): a kernel launched through
+// launch_pdl may start on the GPU before the previous kernel of its stream has finished, once
+// every CTA of that kernel has executed griddepcontrol.launch_dependents (ptx.cuh:
+// pdl_launch_dependents) or exited; it runs its prologue (shared-memory staging of weights,
+// parameter loads, CTA rasterisation) in the shadow of the previous kernel's last wave and waits
+// in pdl_wait for that kernel's completion before touching activations. Captured into CUDA
+// graphs as programmatic edges, so the replayed forward gets the same overlap.
+//
+// Contract for a kernel launched with launch_pdl: it calls pdl_wait() before any access to
+// memory that an earlier kernel of the stream writes or reads (activations, lengths, offsets,
+// outputs); only its parameters and the model's weights may be read before. Kernels that do not
+// follow the contract are launched the ordinary way (<<<>>>): they then wait for their
+// predecessor as usual, whatever it was launched with.
+//
+// Off (ordinary launches) on devices before sm_90 and when HK_PDL=0 is set in the environment
+// (read once per process).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "common.cuh"
+
+namespace hk::cuda {
+
+// True when launch_pdl adds the PDL attribute on the current device.
+bool pdl_enabled();
+
+template <class... KArgs, class... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  HK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace hk::cuda
