@@ -664,10 +664,12 @@ int run(const Options& o, int* argc, char*** argv) {
         throw hk::Error(output + ": /output/y: backend " + engine->backend() + " produced a non-finite value at " + bad +
                         " from a finite input (a bug; nothing was written)");
     };
-    // Padded positions are zero in y (MODEL.md, checked by every backend's tests): left unwritten.
-    stages.write = [&](int64_t b0, int64_t nb, const float* y, const int32_t* lengths) {
-      out->write(b0, nb, y, has_lengths ? lengths : nullptr);
-    };
+    // Whole rows, padded positions included (zero in y: MODEL.md). Leaving the padded positions
+    // unwritten (the writer's lengths argument: one write per sequence prefix, holes in the file)
+    // halves the bytes but measured slower on the GPU machine's ext4 page cache: case 6's chunk
+    // writes went from ~22 ms to ~50 ms (perf/RESULTS.md, 2026-11-29): one contiguous write per
+    // chunk is faster than a thousand short ones.
+    stages.write = [&](int64_t b0, int64_t nb, const float* y, const int32_t*) { out->write(b0, nb, y, nullptr); };
     stages.progress = [&](const hk::app::PipelineStats& s) {
       // Rank 0's share of the job stands for the whole (round robin keeps the ranks level).
       const int64_t done = int64_t(double(s.sequences_done) * S / double(local_tokens) * double(B * S));
