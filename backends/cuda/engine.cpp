@@ -934,10 +934,12 @@ void CudaEngine::Impl::build_table(Plan& p) {
       std::vector<tune::Candidate> cands;
       for (const PostAttnConfig& pc : P->post_attn_configs)
         cands.push_back({"w" + std::to_string(pc.warps) + "p" + std::to_string(pc.prefetch) +
-                             (pc.split > 0 ? "s" + std::to_string(pc.split) : std::string()),
+                             (pc.split > 0 ? "s" + std::to_string(pc.split) : std::string()) +
+                             (pc.reg_weights ? "r" : ""),
                          std::string("warps ") + (pc.warps > 0 ? std::to_string(pc.warps) : "auto") + ", prefetch " +
                              (pc.prefetch < 0 ? "auto" : std::to_string(pc.prefetch)) +
-                             (pc.split > 0 ? ", " + std::to_string(pc.split) + " warps per row block" : std::string())});
+                             (pc.split > 0 ? ", " + std::to_string(pc.split) + " warps per row block" : std::string()) +
+                             (pc.reg_weights ? ", weights in registers" : "")});
       const tune::TuneKey key = E->key(*P, "post_attn.config", {"backends/cuda/post_attn_fused"});
       const Kernel<Ctx>* self = &P->table[self_index];
       const size_t at = size_t(first - E->steps.data());

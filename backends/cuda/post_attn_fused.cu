@@ -586,14 +586,20 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
 // registers from out_proj to the output. G = blockDim / (32 W) groups per CTA work on different
 // row blocks with their own named barriers (ids 1..G); the weights are resident in shared
 // memory for the CTA's lifetime (exact D = F = 64 or 128) and the grid is persistent.
-template <int DP, int FP, int W>
+// kRegW: one group of W = 8 warps per CTA holds its warps' weight columns as mma B fragments in
+// registers instead (3 * 2 * (D/8W) * (D/16) registers: 96 at D = 128), loaded straight from L2
+// before pdl_wait: no shared-memory weights, so the CTA needs ~14 KB of shared memory and can
+// start while the previous kernel still occupies the SM, its weight loads overlapping that
+// kernel (launch_pdl), and no CTA waits for 96 KB of staging before its first product.
+template <int DP, int FP, int W, bool kRegW = false>
 struct SplitTile {
   static constexpr int kNTW = DP / (8 * W);  // residual n8 tiles per warp
   static constexpr int kNTF = FP / (8 * W);  // ffn n8 tiles per warp
   static constexpr int kSA = DP + 8;         // o / h tile and [*, D] weight rows (halves)
   static constexpr int kSF = FP + 8;         // f tile and Wf rows (halves)
   static constexpr size_t kVecBytes = round_up(size_t(6 * DP + FP) * 4, 128);
-  static constexpr size_t kWeightBytes = round_up(2 * (size_t(DP) * kSA + size_t(FP) * kSA + size_t(DP) * kSF), 128);
+  static constexpr size_t kWeightBytes =
+      kRegW ? 0 : round_up(2 * (size_t(DP) * kSA + size_t(FP) * kSA + size_t(DP) * kSF), 128);
   static constexpr size_t kStatBytes = size_t(W) * kWarpRows * 8;  // float2 (mean, M2) per warp and row
   static constexpr size_t kGroupBytes = round_up(2 * kWarpRows * (size_t(kSA) + kSF) + 2 * kStatBytes, 128);
   static_assert(kNTW >= 1 && kNTF >= 1 && DP % (8 * W) == 0 && FP % (8 * W) == 0, "whole n8 tiles per warp");
@@ -601,9 +607,9 @@ struct SplitTile {
 };
 constexpr int kSplitMaxWarps = 16;  // launch bound: 512 threads, 128 registers
 
-template <int DP, int FP, int W>
+template <int DP, int FP, int W, bool kRegW>
 constexpr size_t split_smem_bytes(int groups) {
-  using T = SplitTile<DP, FP, W>;
+  using T = SplitTile<DP, FP, W, kRegW>;
   return T::kVecBytes + T::kWeightBytes + size_t(groups) * T::kGroupBytes;
 }
 
@@ -630,6 +636,34 @@ __device__ __forceinline__ void mma_cols(float (&acc)[NT][4], uint32_t a_addr, u
       uint32_t b0, b1;
       ldsm_x2(b0, b1, b_addr + uint32_t((NT - 1) * 8 * SB * 2 + ks * 32));
       mma_16816(acc[NT - 1], a, b0, b1);
+    }
+  }
+}
+
+// acc[NT][4] += A(16 x 16 KS from a_addr) * B from registers (b[j][ks] = the n8 tile j's fragment
+// of k step ks, as load_b_frags reads it).
+template <int NT, int KS>
+__device__ __forceinline__ void mma_regs(float (&acc)[NT][4], uint32_t a_addr, const uint32_t (&b)[NT][KS][2]) {
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks) {
+    uint32_t a[4];
+    ldsm_x4(a, a_addr + ks * 32);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) mma_16816(acc[j], a, b[j][ks][0], b[j][ks][1]);
+  }
+}
+
+// The mma B fragments of rows [n0, n0 + 8 NT) of a row-major [N, K] fp16 matrix (K contiguous):
+// thread (g, t) of n8 tile j at k step ks holds W[n0 + 8j + g][16 ks + 2t, +1] and [.. + 8 ..].
+template <int NT, int KS>
+__device__ __forceinline__ void load_b_frags(uint32_t (&b)[NT][KS][2], const __half* w, int n0, int K, int g, int t) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const uint32_t* row = reinterpret_cast<const uint32_t*>(w + int64_t(n0 + 8 * j + g) * K);
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      b[j][ks][0] = __ldg(row + ks * 8 + t);
+      b[j][ks][1] = __ldg(row + ks * 8 + 4 + t);
     }
   }
 }
@@ -692,9 +726,9 @@ __device__ __forceinline__ void split_stats(const float (&acc)[NT][4], float2* s
   rstd[1] = rsqrtf(M1 / float(D) + eps);
 }
 
-template <int DP, int FP, int W>
-__global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) post_attn_split_kernel(const PostAttnParams p) {
-  using T = SplitTile<DP, FP, W>;
+template <int DP, int FP, int W, bool kRegW>
+__global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_attn_split_kernel(const PostAttnParams p) {
+  using T = SplitTile<DP, FP, W, kRegW>;
   constexpr int NTW = T::kNTW, NTF = T::kNTF, SA = T::kSA, SF = T::kSF;
   constexpr int CW = DP / W, FW = FP / W;  // residual / ffn columns per warp
   constexpr int D = DP;
@@ -735,9 +769,19 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) post_attn_split_kernel
                                             2 * kWarpRows * (size_t(SA) + SF));
   float2* stats2 = stats + W * kWarpRows;
 
-  copy_panel<DP, DP, SA>(s_wo, p.w_o, D, D, D, tid, int(blockDim.x));
-  copy_panel<FP, DP, SA>(s_wi, p.w_in, D, FP, D, tid, int(blockDim.x));
-  copy_panel<DP, FP, SF>(s_wf, p.w_out, FP, D, FP, tid, int(blockDim.x));
+  // kRegW: this warp's weight columns as B fragments (empty arrays otherwise).
+  uint32_t rwo[kRegW ? NTW : 1][kRegW ? DP / 16 : 1][2];
+  uint32_t rwi[kRegW ? NTF : 1][kRegW ? DP / 16 : 1][2];
+  uint32_t rwf[kRegW ? NTW : 1][kRegW ? FP / 16 : 1][2];
+  if constexpr (kRegW) {
+    load_b_frags<NTW, DP / 16>(rwo, p.w_o, w * CW, DP, g, t);
+    load_b_frags<NTF, DP / 16>(rwi, p.w_in, w * FW, DP, g, t);
+    load_b_frags<NTW, FP / 16>(rwf, p.w_out, w * CW, FP, g, t);
+  } else {
+    copy_panel<DP, DP, SA>(s_wo, p.w_o, D, D, D, tid, int(blockDim.x));
+    copy_panel<FP, DP, SA>(s_wi, p.w_in, D, FP, D, tid, int(blockDim.x));
+    copy_panel<DP, FP, SF>(s_wf, p.w_out, FP, D, FP, tid, int(blockDim.x));
+  }
   pdl_launch_dependents();
   pdl_wait();  // launch_pdl: vectors and weights are staged before the previous kernel ends
 
@@ -793,7 +837,11 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) post_attn_split_kernel
       group_sync(bar, kGroupThreads);  // this block's o tile (issued during the last block) visible
     }
     // out_proj + residual + bo
-    mma_cols<NTW, DP / 16, SA>(acc, tile + a_lane, b_wo);
+    if constexpr (kRegW) {
+      mma_regs<NTW, DP / 16>(acc, tile + a_lane, rwo);
+    } else {
+      mma_cols<NTW, DP / 16, SA>(acc, tile + a_lane, b_wo);
+    }
 #pragma unroll
     for (int j = 0; j < NTW; ++j) {
       const float2 b = *reinterpret_cast<const float2*>(v_bo + w * CW + 8 * j + 2 * t);
@@ -831,7 +879,11 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) post_attn_split_kernel
         fa[j][2] = b.x;
         fa[j][3] = b.y;
       }
-      mma_cols<NTF, DP / 16, SA>(fa, tile + a_lane, b_wi);
+      if constexpr (kRegW) {
+        mma_regs<NTF, DP / 16>(fa, tile + a_lane, rwi);
+      } else {
+        mma_cols<NTF, DP / 16, SA>(fa, tile + a_lane, b_wi);
+      }
 #pragma unroll
       for (int j = 0; j < NTF; ++j) {
         const int col = w * FW + 8 * j + 2 * t;
@@ -845,7 +897,11 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) post_attn_split_kernel
     if (blk + stride < nblk) load_o((blk + stride) * kWarpRows);
     cp_async_commit();
     // ffn_out + residual + bf
-    mma_cols<NTW, FP / 16, SF>(acc, ftile + af_lane, b_wf);
+    if constexpr (kRegW) {
+      mma_regs<NTW, FP / 16>(acc, ftile + af_lane, rwf);
+    } else {
+      mma_cols<NTW, FP / 16, SF>(acc, ftile + af_lane, b_wf);
+    }
 #pragma unroll
     for (int j = 0; j < NTW; ++j) {
       const float2 b = *reinterpret_cast<const float2*>(v_bout + w * CW + 8 * j + 2 * t);
@@ -1055,31 +1111,32 @@ std::vector<PostAttnConfig> candidates(int64_t rows) {
 // ---- column-split kernel: launch layer ------------------------------------------------------------
 bool split_supported(int D, int F) { return (D == 64 && F == 64) || (D == 128 && F == 128); }
 
-template <int DP, int FP, int W>
+template <int DP, int FP, int W, bool kRegW>
 void raise_split_smem_limit() {
   static const bool done = [] {
-    HK_CUDA_CHECK(cudaFuncSetAttribute(post_attn_split_kernel<DP, FP, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       device_limits().smem_optin));
+    HK_CUDA_CHECK(cudaFuncSetAttribute(post_attn_split_kernel<DP, FP, W, kRegW>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, device_limits().smem_optin));
     return true;
   }();
   (void)done;
 }
 
-template <int DP, int FP, int W>
+template <int DP, int FP, int W, bool kRegW>
 Resolved resolve_split(const PostAttnConfig& cfg, int64_t rows, const DeviceLimits& lim) {
-  raise_split_smem_limit<DP, FP, W>();
-  constexpr int kMaxGroups = kSplitMaxWarps / W;
-  int groups = cfg.warps > 0 ? std::clamp(cfg.warps / W, 1, kMaxGroups) : 2;
-  while (groups > 1 && split_smem_bytes<DP, FP, W>(groups) > size_t(lim.smem_optin)) --groups;
-  if (split_smem_bytes<DP, FP, W>(groups) > size_t(lim.smem_optin)) {
+  raise_split_smem_limit<DP, FP, W, kRegW>();
+  constexpr int kMaxGroups = kRegW ? 1 : kSplitMaxWarps / W;  // kRegW: 8 warps, up to 255 registers
+  int groups = cfg.warps > 0 ? std::clamp(cfg.warps / W, 1, kMaxGroups) : std::min(2, kMaxGroups);
+  while (groups > 1 && split_smem_bytes<DP, FP, W, kRegW>(groups) > size_t(lim.smem_optin)) --groups;
+  if (split_smem_bytes<DP, FP, W, kRegW>(groups) > size_t(lim.smem_optin)) {
     throw std::invalid_argument("hk::post_attn[cuda.fused.split]: shared memory of this device too small");
   }
   Resolved r;
   r.warps = groups * W;
   r.nbuf = 1;
-  r.exact = cfg.split == W && (cfg.warps <= 0 || cfg.warps == r.warps) && cfg.prefetch <= 0;
-  r.smem = split_smem_bytes<DP, FP, W>(groups);
-  HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.occ, post_attn_split_kernel<DP, FP, W>,
+  r.exact = cfg.split == W && (cfg.warps <= 0 || cfg.warps == r.warps) && cfg.prefetch <= 0 &&
+            (cfg.reg_weights != 0) == kRegW;
+  r.smem = split_smem_bytes<DP, FP, W, kRegW>(groups);
+  HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.occ, post_attn_split_kernel<DP, FP, W, kRegW>,
                                                               r.warps * 32, r.smem));
   if (r.occ < 1) throw std::invalid_argument("hk::post_attn[cuda.fused.split]: kernel does not fit on an SM");
   const int64_t blocks = (rows + kWarpRows - 1) / kWarpRows;
@@ -1087,48 +1144,55 @@ Resolved resolve_split(const PostAttnConfig& cfg, int64_t rows, const DeviceLimi
   return r;
 }
 
-// `fn` called with the split width as a compile-time constant: 8 for split >= 8, else 4.
+// `fn` called with the split width and the weight placement as compile-time constants: width 8
+// for split >= 8, else 4; weights in registers only with width 8 (cfg.reg_weights).
 template <class Fn>
-auto with_split_width(int split, Fn&& fn) {
-  if (split >= 8) return fn(std::integral_constant<int, 8>{});
-  return fn(std::integral_constant<int, 4>{});
+auto with_split_variant(const PostAttnConfig& cfg, Fn&& fn) {
+  if (cfg.split >= 8 && cfg.reg_weights != 0) return fn(std::integral_constant<int, 8>{}, std::true_type{});
+  if (cfg.split >= 8) return fn(std::integral_constant<int, 8>{}, std::false_type{});
+  return fn(std::integral_constant<int, 4>{}, std::false_type{});
 }
 
 template <int DP, int FP>
 void launch_split(const PostAttnParams& p, cudaStream_t stream, const PostAttnConfig& cfg) {
-  with_split_width(cfg.split, [&](auto wc) {
+  with_split_variant(cfg, [&](auto wc, auto rc) {
     constexpr int W = decltype(wc)::value;
-    const Resolved r = resolve_split<DP, FP, W>(cfg, p.rows, device_limits());
-    launch_pdl(post_attn_split_kernel<DP, FP, W>, dim3(unsigned(r.grid)), dim3(unsigned(r.warps * 32)), r.smem, stream,
-               p);
+    constexpr bool kRegW = decltype(rc)::value;
+    const Resolved r = resolve_split<DP, FP, W, kRegW>(cfg, p.rows, device_limits());
+    launch_pdl(post_attn_split_kernel<DP, FP, W, kRegW>, dim3(unsigned(r.grid)), dim3(unsigned(r.warps * 32)), r.smem,
+               stream, p);
     HK_CUDA_CHECK_LAUNCH();
   });
 }
 
 template <int DP, int FP>
 PostAttnConfig effective_split(int64_t rows, const PostAttnConfig& cfg) {
-  return with_split_width(cfg.split, [&](auto wc) {
+  return with_split_variant(cfg, [&](auto wc, auto rc) {
     constexpr int W = decltype(wc)::value;
-    const Resolved r = resolve_split<DP, FP, W>(cfg, rows, device_limits());
-    return PostAttnConfig{r.warps, 0, W};
+    constexpr bool kRegW = decltype(rc)::value;
+    const Resolved r = resolve_split<DP, FP, W, kRegW>(cfg, rows, device_limits());
+    return PostAttnConfig{r.warps, 0, W, kRegW ? 1 : 0};
   });
 }
 
 // The column-split candidates (post_attn_fused_candidates in the header): 8 warps per row block
-// with 1 and 2 row blocks per CTA, 4 warps with 2 and 4, while there are at most 16 row blocks
+// with the weights in registers (one row block per CTA), and with the weights in shared memory
+// with 1 and 2 row blocks per CTA; 4 warps with 2 and 4, while there are at most 16 row blocks
 // per SM; beyond that (many rows: the row-per-warp kernels keep every warp busy) only 8 x 2.
 template <int DP, int FP>
 void split_candidates(int64_t rows, std::vector<PostAttnConfig>& out) {
   const DeviceLimits lim = device_limits();
   const int64_t blocks = (rows + kWarpRows - 1) / kWarpRows;
-  std::vector<PostAttnConfig> want{{16, 0, 8}};
-  if (blocks <= int64_t(16) * lim.sms) want = {{8, 0, 8}, {16, 0, 8}, {8, 0, 4}, {16, 0, 4}};
+  std::vector<PostAttnConfig> want{{16, 0, 8, 0}};
+  if (blocks <= int64_t(16) * lim.sms) {
+    want = {{8, 0, 8, 1}, {8, 0, 8, 0}, {16, 0, 8, 0}, {8, 0, 4, 0}, {16, 0, 4, 0}};
+  }
   std::vector<PostAttnConfig> runs;
   for (const PostAttnConfig& c : want) {
-    const Resolved r = with_split_width(c.split, [&](auto wc) {
-      return resolve_split<DP, FP, decltype(wc)::value>(c, rows, lim);
+    const Resolved r = with_split_variant(c, [&](auto wc, auto rc) {
+      return resolve_split<DP, FP, decltype(wc)::value, decltype(rc)::value>(c, rows, lim);
     });
-    const PostAttnConfig run{r.warps, 0, c.split};
+    const PostAttnConfig run{r.warps, 0, c.split, c.reg_weights};
     if (!r.exact || std::find(runs.begin(), runs.end(), run) != runs.end()) continue;
     runs.push_back(run);
     out.push_back(c);

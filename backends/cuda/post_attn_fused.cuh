@@ -64,13 +64,18 @@ struct PostAttnParams {
 //              gives warps / split row blocks in flight per CTA. Shortens the chain of one row
 //              block `split` times: for few rows, where the row-per-warp kernels leave most warps
 //              idle and each row block's latency is the kernel's time.
+//   reg_weights: 1 (with split = 8 only) = each warp holds its weight columns as mma fragments
+//              in registers, loaded from L2 before the kernel waits for its predecessor
+//              (programmatic dependent launch), one row block per CTA of 8 warps; 0 = the CTA's
+//              weights staged in shared memory.
 struct PostAttnConfig {
   int warps = 0;
   int prefetch = -1;
   int split = 0;
+  int reg_weights = 0;
 };
 inline bool operator==(const PostAttnConfig& a, const PostAttnConfig& b) {
-  return a.warps == b.warps && a.prefetch == b.prefetch && a.split == b.split;
+  return a.warps == b.warps && a.prefetch == b.prefetch && a.split == b.split && a.reg_weights == b.reg_weights;
 }
 
 // True when this build can run (D, F): D and F multiples of 8 with D <= 256 and F <= 256.
@@ -91,8 +96,8 @@ void post_attn_fused(const PostAttnParams& p, cudaStream_t stream, const PostAtt
 
 // The configuration a launch of (D, F, rows) with `config` would run on the current device, after
 // clamping to the kernel's limits and its shared memory: warps > 0 and prefetch 0 / 1 (always 0
-// for the streamed and column-split kernels), split as given when (D, F) has the column-split
-// kernel (else 0). {0, -1, 0} if (D, F) is unsupported.
+// for the streamed and column-split kernels), split and reg_weights as run when (D, F) has the
+// column-split kernel (else 0). {0, -1, 0, 0} if (D, F) is unsupported.
 PostAttnConfig post_attn_fused_effective(int D, int F, int64_t rows, const PostAttnConfig& config);
 
 // Configurations worth timing for (D, F, rows) on the current device, the automatic one first
@@ -106,9 +111,9 @@ PostAttnConfig post_attn_fused_effective(int D, int F, int64_t rows, const PostA
 //   resident kernels, at most one row block per warp (few rows: the grid is one CTA per row
 //     block whatever the warp count): no double buffer, and 4 and 1 warps per CTA (smaller
 //     CTAs: idle warps and smem the row blocks do not use);
-//   column-split kernel (D = F = 64 or 128), last: 8 warps per row block with 1 and 2 row
-//     blocks per CTA, 4 warps per row block with 2 and 4 (while the row blocks fill at most 16
-//     CTAs per SM; beyond that only 8 x 2).
+//   column-split kernel (D = F = 64 or 128), last: 8 warps per row block with the weights in
+//     registers, then with them in shared memory and 1 and 2 row blocks per CTA, 4 warps per row
+//     block with 2 and 4 (while there are at most 16 row blocks per SM; beyond that only 8 x 2).
 std::vector<PostAttnConfig> post_attn_fused_candidates(int D, int F, int64_t rows);
 
 // Profiler name of the kernel (D, F) runs on, e.g. "hk::post_attn[cuda.fused.d128]",

@@ -396,7 +396,7 @@ std::string cfg_name(const PostAttnConfig& c) {
   if (c.warps == 0 && c.prefetch < 0 && c.split == 0) return "auto";
   return "w" + (c.warps ? std::to_string(c.warps) : std::string("-")) + ".pf" +
          (c.prefetch < 0 ? std::string("-") : std::to_string(c.prefetch)) +
-         (c.split > 0 ? ".s" + std::to_string(c.split) : std::string());
+         (c.split > 0 ? ".s" + std::to_string(c.split) : std::string()) + (c.reg_weights ? "r" : "");
 }
 
 // ---- shared setup of the extra checks ------------------------------------------------------------
@@ -894,7 +894,7 @@ int main() {
   // padded rows, D = 64 and 128.
   for (const auto& sh : {std::pair<int, int>{128, 128}, {64, 64}}) {
     for (const PostAttnConfig cfg : {PostAttnConfig{8, 0, 8}, PostAttnConfig{16, 0, 8}, PostAttnConfig{4, 0, 4},
-                                     PostAttnConfig{16, 0, 4}}) {
+                                     PostAttnConfig{16, 0, 4}, PostAttnConfig{8, 0, 8, 1}}) {
       for (const int64_t rows : {int64_t(1), int64_t(15), int64_t(17), int64_t(128), int64_t(1000), int64_t(100001)}) {
         for (const bool tail : {false, true}) {
           Case c;
@@ -935,6 +935,8 @@ int main() {
     c.cfg = PostAttnConfig{16, 0, 8};
     c.note = "graph";
     cases.push_back(c);
+    c.cfg = PostAttnConfig{8, 0, 8, 1};
+    cases.push_back(c);
   }
 
   std::printf("\n%-4s %-42s %-4s %-4s %-7s %-5s %-5s %-6s %-9s %-11s %-7s %-9s %-9s %-5s %-5s %-5s %-5s %s\n", "#",
@@ -962,6 +964,7 @@ int main() {
     if ((sh[0] == 64 && sh[1] == 64) || (sh[0] == 128 && sh[1] == 128)) {
       cfgs.push_back(PostAttnConfig{16, 0, 8});
       cfgs.push_back(PostAttnConfig{8, 0, 4});
+      cfgs.push_back(PostAttnConfig{8, 0, 8, 1});
     }
     for (const PostAttnConfig& cfg : cfgs) {
       for (const bool tail : {false, true}) {
@@ -1013,13 +1016,14 @@ int main() {
       for (size_t i = 0; i < cands.size(); ++i) {
         const PostAttnConfig eff = hk::cuda::post_attn_fused_effective(sh.first, sh.second, rows, cands[i]);
         if (i > 0 && (eff.warps != cands[i].warps || eff.split != cands[i].split ||
+                      eff.reg_weights != cands[i].reg_weights ||
                       (cands[i].prefetch >= 0 && eff.prefetch != cands[i].prefetch))) {
           ok = false;
         }
         if (std::find(runs.begin(), runs.end(), eff) != runs.end()) ok = false;
         runs.push_back(eff);
         list += " " + cfg_name(cands[i]) + "[" + std::to_string(eff.warps) + "." + std::to_string(eff.prefetch) +
-                (eff.split > 0 ? ".s" + std::to_string(eff.split) : std::string()) + "]";
+                (eff.split > 0 ? ".s" + std::to_string(eff.split) : std::string()) + (eff.reg_weights ? "r" : "") + "]";
         Case c;
         c.D = sh.first;
         c.F = sh.second;
@@ -1082,16 +1086,21 @@ int main() {
       {"case1 packed layer", 128, 128, 4352, false, {}},
       {"case1 packed layer", 128, 128, 4352, false, {16, 0, 8}},
       {"case1 packed layer", 128, 128, 4352, false, {16, 0, 4}},
+      {"case1 packed layer", 128, 128, 4352, false, {8, 0, 8, 1}},
       {"case2 layer", 128, 128, 128, false, {}},
       {"case2 layer", 128, 128, 128, false, {8, 0, 8}},
       {"case2 layer", 128, 128, 128, false, {16, 0, 8}},
       {"case2 layer", 128, 128, 128, false, {8, 0, 4}},
+      {"case2 layer", 128, 128, 128, false, {8, 0, 8, 1}},
       {"case2 tail", 128, 128, 128, true, {16, 0, 8}},
       {"case4 layer", 64, 64, 8192, false, {}},
       {"case4 layer", 64, 64, 8192, false, {16, 0, 8}},
       {"case4 layer", 64, 64, 8192, false, {16, 0, 4}},
+      {"case4 packed layer", 64, 64, 4096, false, {}},
+      {"case4 packed layer", 64, 64, 4096, false, {8, 0, 8, 1}},
       {"case5 packed layer", 128, 128, 33000, false, {}},
       {"case5 packed layer", 128, 128, 33000, false, {16, 0, 8}},
+      {"case5 packed layer", 128, 128, 33000, false, {8, 0, 8, 1}},
       {"case12 layer", 256, 256, 16384, false, {}},
       {"d256 1.28M layer", 256, 256, 1280000, false, {}},
       {"d64 1.28M layer", 64, 64, 1280000, false, {}},
