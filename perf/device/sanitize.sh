@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over hk_forward on small generated
-# inputs that hit the tails (S of 7, 33 and 129; D of 100, 136 and 256; head dims 8, 25, 64, 136
+# inputs that hit the tails (S of 7, 33 and 129; D of 100, 128, 136 and 256; head dims 8, 25, 64, 136
 # and 256; lengths 0, 1 and S in every batch), once per route the choosers can pick:
 #   tune0        HK_TUNE=0: every decision at its default
 #   tune1        HK_TUNE=1 with no cache: every candidate of every decision is measured, so each
@@ -85,7 +85,11 @@ shape_desc[d100]="S=33 D=100 hd=25 bidir"
 # Within the whole-model kernel's limits (D 64, F 48, S <= 128, head_dim 8).
 shape_args[small]="--batch 3 --seq 33 --d-model 64 --heads 8 --ffn 48 --layers 2 --causal 1 --lengths-list 0,1,S"
 shape_desc[small]="S=33 D=64 hd=8 causal"
-for s in tiny mid long hd256 d100 small; do
+# D = F = 128 exactly: the column-split post-attention kernels (shared-memory and register
+# weights) are tuning candidates only there (and at 64); tune1 runs every candidate.
+shape_args[split]="--batch 5 --seq 33 --d-model 128 --heads 4 --ffn 128 --layers 2 --causal 1 --lengths-list 0,1,S"
+shape_desc[split]="S=33 D=F=128 hd=32 causal"
+for s in tiny mid long hd256 d100 small split; do
   # shellcheck disable=SC2086
   if ! "$bin/hk_generate" ${shape_args[$s]} --seed 11 --quiet --output "$work/in/$s.h5" >> "$log" 2>&1; then
     say "sanitize.sh: hk_generate failed for $s (${shape_args[$s]})"
@@ -120,6 +124,10 @@ fast_routes="tune0 tune1 cudnn flash.q16 flash.q64 epilogue chains-off graph0 pa
 has_tool() { [[ " $tools " == *" $1 "* ]]; }
 runs=()
 add() { has_tool "$1" && runs+=("$1 $2 $3"); }
+for tool in memcheck racecheck synccheck initcheck; do
+  add $tool tune1 split
+  add $tool pack1-tune1 split
+done
 for tool in memcheck racecheck synccheck initcheck; do
   for r in $all_routes; do add $tool "$r" tiny; done
   # Routes only a pin reaches for sure (tune1 measures them only where they are candidates).
