@@ -3,6 +3,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
 
 namespace hk::cuda {
 
@@ -26,6 +28,21 @@ bool pdl_enabled() {
     known[dev].store(v, std::memory_order_relaxed);
   }
   return v == 2;
+}
+
+bool pdl_compiled(const void* kernel) {
+  static std::mutex m;
+  static std::unordered_map<const void*, bool> known;  // per kernel (one device per process in practice)
+  {
+    std::lock_guard<std::mutex> lock(m);
+    if (auto it = known.find(kernel); it != known.end()) return it->second;
+  }
+  cudaFuncAttributes a{};
+  HK_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
+  const bool ok = a.ptxVersion >= 90;
+  std::lock_guard<std::mutex> lock(m);
+  known.emplace(kernel, ok);
+  return ok;
 }
 
 }  // namespace hk::cuda

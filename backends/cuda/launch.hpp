@@ -26,6 +26,10 @@ namespace hk::cuda {
 
 // True when launch_pdl adds the PDL attribute on the current device.
 bool pdl_enabled();
+// True when `kernel`'s code on the current device was generated for sm_90 or newer (its PTX
+// version): code JIT-compiled from older PTX has no griddepcontrol instructions (pdl_wait is
+// then empty), so it must not be launched early. Cached per kernel.
+bool pdl_compiled(const void* kernel);
 
 template <class... KArgs, class... Args>
 void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
@@ -38,7 +42,7 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cu
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = pdl_enabled() && pdl_compiled(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
   HK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 

@@ -1121,6 +1121,15 @@ void raise_split_smem_limit() {
   (void)done;
 }
 
+// Every column-split variant of (DP, FP): supports() raises them all, so that a capture of any
+// candidate makes no attribute change.
+template <int DP, int FP>
+void raise_split_smem_limits() {
+  raise_split_smem_limit<DP, FP, 4, false>();
+  raise_split_smem_limit<DP, FP, 8, false>();
+  raise_split_smem_limit<DP, FP, 8, true>();
+}
+
 template <int DP, int FP, int W, bool kRegW>
 Resolved resolve_split(const PostAttnConfig& cfg, int64_t rows, const DeviceLimits& lim) {
   raise_split_smem_limit<DP, FP, W, kRegW>();
@@ -1231,10 +1240,12 @@ bool post_attn_fused_supports(int D, int F) {
     case Variant::d64:
       if (!fits_device<64, 64>()) return false;
       raise_smem_limit<64, 64, false>();
+      raise_split_smem_limits<64, 64>();
       return true;
     case Variant::d128:
       if (!fits_device<128, 128>()) return false;
       raise_smem_limit<128, 128, false>();
+      raise_split_smem_limits<128, 128>();
       return true;
     case Variant::d256:
       if (!fits_device<256, 256>()) return false;

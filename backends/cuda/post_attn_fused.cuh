@@ -58,13 +58,14 @@ struct PostAttnParams {
 //   prefetch:  1 = double-buffer the o tile (the next row block's o loads during this block's
 //              FFN; resident-weight kernels only), 0 = single buffer
 //   split:     > 0 selects the column-split kernel (exact D = F = 64 or 128 only): `split` warps
-//              (4 or 8) share one 16-row block, each computing D / split residual columns and
+//              (4 or 8; 1..7 run as 4, more as 8: post_attn_fused_effective says which) share
+//              one 16-row block, each computing D / split residual columns and
 //              F / split ffn columns of every product, with the LayerNorm statistics combined
 //              across them through shared memory; `warps` (a multiple of split, at most 16) then
 //              gives warps / split row blocks in flight per CTA. Shortens the chain of one row
 //              block `split` times: for few rows, where the row-per-warp kernels leave most warps
 //              idle and each row block's latency is the kernel's time.
-//   reg_weights: 1 (with split = 8 only) = each warp holds its weight columns as mma fragments
+//   reg_weights: 1 (with split >= 8 only; ignored otherwise) = each warp holds its weight columns as mma fragments
 //              in registers, loaded from L2 before the kernel waits for its predecessor
 //              (programmatic dependent launch), one row block per CTA of 8 warps; 0 = the CTA's
 //              weights staged in shared memory.
