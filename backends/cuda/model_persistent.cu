@@ -222,10 +222,7 @@ __device__ __forceinline__ void ln_stats(const float (&acc)[NT][4], float eps, f
     s0 += (acc[j][0] - sh[0]) + (acc[j][1] - sh[0]);
     s1 += (acc[j][2] - sh[1]) + (acc[j][3] - sh[1]);
   }
-  s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-  s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-  s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-  s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+  quad_sum(s0, s1);
   mean[0] = s0 / float(D);
   mean[1] = s1 / float(D);
   // The shift again through a (value-preserving) broadcast: with the same register the compiler
@@ -239,10 +236,7 @@ __device__ __forceinline__ void ln_stats(const float (&acc)[NT][4], float eps, f
     q0 += a * a + b * b;
     q1 += c * c + d * d;
   }
-  q0 += __shfl_xor_sync(0xffffffffu, q0, 1);
-  q1 += __shfl_xor_sync(0xffffffffu, q1, 1);
-  q0 += __shfl_xor_sync(0xffffffffu, q0, 2);
-  q1 += __shfl_xor_sync(0xffffffffu, q1, 2);
+  quad_sum(q0, q1);
   rstd[0] = rsqrtf(q0 / float(D) + eps);
   rstd[1] = rsqrtf(q1 / float(D) + eps);
   // Same reason: the normaliser gets shift and mean through another broadcast.

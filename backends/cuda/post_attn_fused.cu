@@ -199,10 +199,7 @@ __device__ __forceinline__ RowStats row_stats(const float (&acc)[NT][4], int D, 
     s0 += in ? (acc[j][0] - sh0) + (acc[j][1] - sh0) : 0.f;
     s1 += in ? (acc[j][2] - sh1) + (acc[j][3] - sh1) : 0.f;
   }
-  s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-  s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-  s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-  s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+  quad_sum(s0, s1);
   const float m0 = s0 / float(D), m1 = s1 / float(D);
   // The shift (and below, the mean) reach each later loop through a (value-preserving) quad
   // broadcast: with the same register, the compiler keeps every centred value of one loop alive
@@ -218,10 +215,7 @@ __device__ __forceinline__ RowStats row_stats(const float (&acc)[NT][4], int D, 
     q0 += in ? a * a + b * b : 0.f;
     q1 += in ? c * c + d * d : 0.f;
   }
-  q0 += __shfl_xor_sync(0xffffffffu, q0, 1);
-  q1 += __shfl_xor_sync(0xffffffffu, q1, 1);
-  q0 += __shfl_xor_sync(0xffffffffu, q0, 2);
-  q1 += __shfl_xor_sync(0xffffffffu, q1, 2);
+  quad_sum(q0, q1);
   st.rstd[0] = rsqrtf(q0 / float(D) + eps);
   st.rstd[1] = rsqrtf(q1 / float(D) + eps);
   st.shift[0] = __shfl_sync(0xffffffffu, sh0, leader);
@@ -229,6 +223,31 @@ __device__ __forceinline__ RowStats row_stats(const float (&acc)[NT][4], int D, 
   st.mean[0] = __shfl_sync(0xffffffffu, m0, leader);
   st.mean[1] = __shfl_sync(0xffffffffu, m1, leader);
   return st;
+}
+
+// Where the tail writes the thread's two rows r0 (= row g of its block) and r1 (= g + 8): the rows
+// themselves (padded layout: rows past their sequence's length get zeros), or row_dst (packed
+// layout: rows with row_dst < 0 are not written). 32-bit division (rows < 2^31, checked at launch):
+// the 64-bit one is a call, and a call with the residual row live spills it.
+struct TailRows {
+  int64_t dst[2];
+  bool write[2];  // the row is written
+  bool valid[2];  // ... with its LayerNorm (else zeros)
+};
+__device__ __forceinline__ TailRows tail_rows(const PostAttnParams& p, int64_t r0, int64_t r1) {
+  const uint32_t u0 = uint32_t(r0), u1 = uint32_t(r1);
+  TailRows d{{r0, r1}, {r0 < p.rows, r1 < p.rows}, {r0 < p.rows, r1 < p.rows}};
+  if (p.row_dst != nullptr) {
+    d.dst[0] = d.write[0] ? p.row_dst[u0] : -1;
+    d.dst[1] = d.write[1] ? p.row_dst[u1] : -1;
+    d.write[0] = d.valid[0] = d.dst[0] >= 0;
+    d.write[1] = d.valid[1] = d.dst[1] >= 0;
+  } else if (p.lengths != nullptr) {
+    const uint32_t S = uint32_t(p.S);
+    d.valid[0] = d.write[0] && int(u0 % S) < p.lengths[u0 / S];
+    d.valid[1] = d.write[1] && int(u1 % S) < p.lengths[u1 / S];
+  }
+  return d;
 }
 
 // LN value of one accumulator element; half 0: row g (elements 0, 1), half 1: row g+8 (2, 3).
@@ -389,39 +408,22 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
       }
     } else {
       const RowStats st = row_stats<NT, kPad>(acc, D, p.eps);
-      // Destination rows: the row itself (padded layout: padded rows get zeros), or row_dst
-      // (packed layout: rows with row_dst < 0 are not written). 32-bit division (rows < 2^31,
-      // checked at launch): the 64-bit one is a call, and a call with the residual row live
-      // spills it.
-      const uint32_t u0 = uint32_t(r0), u1 = uint32_t(r1);
-      int64_t d0 = r0, d1 = r1;
-      bool w0 = r0 < rows, w1 = r1 < rows;  // row written
-      bool v0 = w0, v1 = w1;                // row normalised (else zeros)
-      if (p.row_dst != nullptr) {
-        d0 = w0 ? p.row_dst[u0] : -1;
-        d1 = w1 ? p.row_dst[u1] : -1;
-        w0 = v0 = d0 >= 0;
-        w1 = v1 = d1 >= 0;
-      } else if (p.lengths != nullptr) {
-        const uint32_t S = uint32_t(p.S);
-        v0 = w0 && int(u0 % S) < p.lengths[u0 / S];
-        v1 = w1 && int(u1 % S) < p.lengths[u1 / S];
-      }
+      const TailRows d = tail_rows(p, r0, r1);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const int col = 8 * j + 2 * t;
         if (kPad && col >= D) continue;
         const float2 w = *reinterpret_cast<const float2*>(v_lnw + col);
         const float2 b = *reinterpret_cast<const float2*>(v_lnb + col);
-        if (w0) {
-          *reinterpret_cast<float2*>(p.y + d0 * D + col) =
-              v0 ? make_float2(ln_value(acc[j][0], st, 0, w.x, b.x), ln_value(acc[j][1], st, 0, w.y, b.y))
-                 : make_float2(0.f, 0.f);
+        if (d.write[0]) {
+          *reinterpret_cast<float2*>(p.y + d.dst[0] * D + col) =
+              d.valid[0] ? make_float2(ln_value(acc[j][0], st, 0, w.x, b.x), ln_value(acc[j][1], st, 0, w.y, b.y))
+                         : make_float2(0.f, 0.f);
         }
-        if (w1) {
-          *reinterpret_cast<float2*>(p.y + d1 * D + col) =
-              v1 ? make_float2(ln_value(acc[j][2], st, 1, w.x, b.x), ln_value(acc[j][3], st, 1, w.y, b.y))
-                 : make_float2(0.f, 0.f);
+        if (d.write[1]) {
+          *reinterpret_cast<float2*>(p.y + d.dst[1] * D + col) =
+              d.valid[1] ? make_float2(ln_value(acc[j][2], st, 1, w.x, b.x), ln_value(acc[j][3], st, 1, w.y, b.y))
+                         : make_float2(0.f, 0.f);
         }
       }
     }
@@ -683,10 +685,7 @@ __device__ __forceinline__ void split_stats(const float (&acc)[NT][4], float2* s
     s0 += acc[j][0] + acc[j][1];
     s1 += acc[j][2] + acc[j][3];
   }
-  s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-  s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-  s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-  s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+  quad_sum(s0, s1);
   const float m0 = s0 / kN, m1 = s1 / kN;
   float q0 = 0.f, q1 = 0.f;
 #pragma unroll
@@ -695,10 +694,7 @@ __device__ __forceinline__ void split_stats(const float (&acc)[NT][4], float2* s
     q0 += a * a + b * b;
     q1 += c * c + d * d;
   }
-  q0 += __shfl_xor_sync(0xffffffffu, q0, 1);
-  q1 += __shfl_xor_sync(0xffffffffu, q1, 1);
-  q0 += __shfl_xor_sync(0xffffffffu, q0, 2);
-  q1 += __shfl_xor_sync(0xffffffffu, q1, 2);
+  quad_sum(q0, q1);
   if (t == 0) {
     stats[w * kWarpRows + g] = make_float2(m0, q0);
     stats[w * kWarpRows + g + 8] = make_float2(m1, q1);
@@ -812,6 +808,23 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
   const uint32_t b_wi = s_wi + uint32_t((w * FW + b_row) * SA) * 2u + b_col;
   const uint32_t b_wf = s_wf + uint32_t((w * CW + b_row) * SF) * 2u + b_col;
 
+  // acc[NT][4] += bias (a [DP] / [FP] fp32 smem vector) at the warp's columns from col0.
+  auto add_bias = [&](auto& acc, const float* bias, int col0) {
+    constexpr int NT = int(sizeof(acc) / sizeof(acc[0]));
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const float2 b = *reinterpret_cast<const float2*>(bias + col0 + 8 * j + 2 * t);
+      acc[j][0] += b.x;
+      acc[j][1] += b.y;
+      acc[j][2] += b.x;
+      acc[j][3] += b.y;
+    }
+  };
+  // LayerNorm value of one accumulator element (h: 0 for row g, 1 for g + 8).
+  auto ln = [](float a, const float (&mean)[2], const float (&rstd)[2], int h, float w, float b) {
+    return (a - mean[h]) * rstd[h] * w + b;
+  };
+
 #pragma unroll 1
   for (bool first = true; blk < nblk; blk += stride, first = false) {
     const int64_t row0 = blk * kWarpRows;
@@ -842,14 +855,7 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
     } else {
       mma_cols<NTW, DP / 16, SA>(acc, tile + a_lane, b_wo);
     }
-#pragma unroll
-    for (int j = 0; j < NTW; ++j) {
-      const float2 b = *reinterpret_cast<const float2*>(v_bo + w * CW + 8 * j + 2 * t);
-      acc[j][0] += b.x;
-      acc[j][1] += b.y;
-      acc[j][2] += b.x;
-      acc[j][3] += b.y;
-    }
+    add_bias(acc, v_bo, w * CW);
     // ln2 -> h over the o tile (the stats barrier also ends every warp's reads of o)
     {
       float mean[2], rstd[2];
@@ -860,11 +866,9 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
         const float2 lw = *reinterpret_cast<const float2*>(v_ln2w + col);
         const float2 lb = *reinterpret_cast<const float2*>(v_ln2b + col);
         st_shared_u32(tile + uint32_t(g * SA + col) * 2u,
-                      pack_half2((acc[j][0] - mean[0]) * rstd[0] * lw.x + lb.x,
-                                 (acc[j][1] - mean[0]) * rstd[0] * lw.y + lb.y));
+                      pack_half2(ln(acc[j][0], mean, rstd, 0, lw.x, lb.x), ln(acc[j][1], mean, rstd, 0, lw.y, lb.y)));
         st_shared_u32(tile + uint32_t((g + 8) * SA + col) * 2u,
-                      pack_half2((acc[j][2] - mean[1]) * rstd[1] * lw.x + lb.x,
-                                 (acc[j][3] - mean[1]) * rstd[1] * lw.y + lb.y));
+                      pack_half2(ln(acc[j][2], mean, rstd, 1, lw.x, lb.x), ln(acc[j][3], mean, rstd, 1, lw.y, lb.y)));
       }
       group_sync(bar, kGroupThreads);  // h complete
     }
@@ -902,14 +906,7 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
     } else {
       mma_cols<NTW, FP / 16, SF>(acc, ftile + af_lane, b_wf);
     }
-#pragma unroll
-    for (int j = 0; j < NTW; ++j) {
-      const float2 b = *reinterpret_cast<const float2*>(v_bout + w * CW + 8 * j + 2 * t);
-      acc[j][0] += b.x;
-      acc[j][1] += b.y;
-      acc[j][2] += b.x;
-      acc[j][3] += b.y;
-    }
+    add_bias(acc, v_bout, w * CW);
     float mean[2], rstd[2];
     split_stats<NTW, W>(acc, stats2, w, g, t, bar, kGroupThreads, D, p.eps, mean, rstd);
     if (!p.tail) {
@@ -921,46 +918,30 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
         if (r0 < rows) {
           *reinterpret_cast<float2*>(p.x_out + r0 * D + col) = make_float2(acc[j][0] + c0, acc[j][1] + c0);
           *reinterpret_cast<__half2*>(p.h_out + r0 * D + col) =
-              __floats2half2_rn((acc[j][0] - mean[0]) * rstd[0] * lw.x + lb.x,
-                                (acc[j][1] - mean[0]) * rstd[0] * lw.y + lb.y);
+              __floats2half2_rn(ln(acc[j][0], mean, rstd, 0, lw.x, lb.x), ln(acc[j][1], mean, rstd, 0, lw.y, lb.y));
         }
         if (r1 < rows) {
           *reinterpret_cast<float2*>(p.x_out + r1 * D + col) = make_float2(acc[j][2] + c1, acc[j][3] + c1);
           *reinterpret_cast<__half2*>(p.h_out + r1 * D + col) =
-              __floats2half2_rn((acc[j][2] - mean[1]) * rstd[1] * lw.x + lb.x,
-                                (acc[j][3] - mean[1]) * rstd[1] * lw.y + lb.y);
+              __floats2half2_rn(ln(acc[j][2], mean, rstd, 1, lw.x, lb.x), ln(acc[j][3], mean, rstd, 1, lw.y, lb.y));
         }
       }
     } else {
-      // Destination rows as in the row-per-warp tail (32-bit division: rows < 2^31).
-      const uint32_t u0 = uint32_t(r0), u1 = uint32_t(r1);
-      int64_t d0 = r0, d1 = r1;
-      bool w0 = r0 < rows, w1 = r1 < rows;
-      bool v0 = w0, v1 = w1;
-      if (p.row_dst != nullptr) {
-        d0 = w0 ? p.row_dst[u0] : -1;
-        d1 = w1 ? p.row_dst[u1] : -1;
-        w0 = v0 = d0 >= 0;
-        w1 = v1 = d1 >= 0;
-      } else if (p.lengths != nullptr) {
-        const uint32_t S = uint32_t(p.S);
-        v0 = w0 && int(u0 % S) < p.lengths[u0 / S];
-        v1 = w1 && int(u1 % S) < p.lengths[u1 / S];
-      }
+      const TailRows d = tail_rows(p, r0, r1);
 #pragma unroll
       for (int j = 0; j < NTW; ++j) {
         const int col = w * CW + 8 * j + 2 * t;
         const float2 lw = *reinterpret_cast<const float2*>(v_lnw + col);
         const float2 lb = *reinterpret_cast<const float2*>(v_lnb + col);
-        if (w0) {
-          *reinterpret_cast<float2*>(p.y + d0 * D + col) =
-              v0 ? make_float2((acc[j][0] - mean[0]) * rstd[0] * lw.x + lb.x, (acc[j][1] - mean[0]) * rstd[0] * lw.y + lb.y)
-                 : make_float2(0.f, 0.f);
+        if (d.write[0]) {
+          *reinterpret_cast<float2*>(p.y + d.dst[0] * D + col) =
+              d.valid[0] ? make_float2(ln(acc[j][0], mean, rstd, 0, lw.x, lb.x), ln(acc[j][1], mean, rstd, 0, lw.y, lb.y))
+                         : make_float2(0.f, 0.f);
         }
-        if (w1) {
-          *reinterpret_cast<float2*>(p.y + d1 * D + col) =
-              v1 ? make_float2((acc[j][2] - mean[1]) * rstd[1] * lw.x + lb.x, (acc[j][3] - mean[1]) * rstd[1] * lw.y + lb.y)
-                 : make_float2(0.f, 0.f);
+        if (d.write[1]) {
+          *reinterpret_cast<float2*>(p.y + d.dst[1] * D + col) =
+              d.valid[1] ? make_float2(ln(acc[j][2], mean, rstd, 1, lw.x, lb.x), ln(acc[j][3], mean, rstd, 1, lw.y, lb.y))
+                         : make_float2(0.f, 0.f);
         }
       }
     }

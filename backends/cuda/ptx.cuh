@@ -75,6 +75,15 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// Sums of a and b over the 4 lanes of the caller's quad (the lanes holding one row pair of an
+// mma C fragment), left in every lane of the quad.
+__device__ __forceinline__ void quad_sum(float& a, float& b) {
+  a += __shfl_xor_sync(0xffffffffu, a, 1);
+  b += __shfl_xor_sync(0xffffffffu, b, 1);
+  a += __shfl_xor_sync(0xffffffffu, a, 2);
+  b += __shfl_xor_sync(0xffffffffu, b, 2);
+}
+
 __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
