@@ -1,18 +1,16 @@
 #include "launch.hpp"
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <unordered_map>
+
+#include "hk/tune/knobs.hpp"
 
 namespace hk::cuda {
 
 bool pdl_enabled() {
-  static const bool env_on = [] {
-    const char* v = std::getenv("HK_PDL");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  // Through the knob registry like every other knob: a value other than 0 / 1 is an error.
+  static const bool env_on = tune::knob_choice("HK_PDL", {"0", "1"}) != "0";
   if (!env_on) return false;
   // Per device: 0 not asked yet, 1 off, 2 on (compute capability 9.0 or newer).
   constexpr int kMaxDevices = 64;

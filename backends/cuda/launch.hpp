@@ -13,7 +13,7 @@
 // predecessor as usual, whatever it was launched with.
 //
 // Off (ordinary launches) on devices before sm_90 and when HK_PDL=0 is set in the environment
-// (read once per process).
+// (read once per process through the knob registry: values other than 0 / 1 are an error).
 #pragma once
 
 #include <cuda_runtime.h>
