@@ -23,6 +23,23 @@ inline void check_cuda(cudaError_t e, const char* what, const char* file, int li
   }
 }
 
+// The current device's SM count and opt-in shared memory per block, read on every call (the
+// current device may differ between calls; the queries are host-side attribute reads).
+struct DeviceLimits {
+  int sms = 0;
+  int smem_optin = 0;
+};
+inline DeviceLimits device_limits() {
+  int dev = 0;
+  DeviceLimits l;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice", __FILE__, __LINE__);
+  check_cuda(cudaDeviceGetAttribute(&l.sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute", __FILE__,
+             __LINE__);
+  check_cuda(cudaDeviceGetAttribute(&l.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+             "cudaDeviceGetAttribute", __FILE__, __LINE__);
+  return l;
+}
+
 }  // namespace hk::cuda
 
 #define HK_CUDA_CHECK(expr) ::hk::cuda::check_cuda((expr), #expr, __FILE__, __LINE__)

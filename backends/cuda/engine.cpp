@@ -24,6 +24,7 @@
 #include "common.cuh"
 #include "gelu.cuh"
 #include "gemm_cublaslt.cuh"
+#include "gemm_small.cuh"
 #include "graph.hpp"
 #include "hk/error.hpp"
 #include "hk/plan.hpp"
@@ -186,6 +187,8 @@ Routes routes_from_environment() {
   if (layout == "nk" || layout == "kn") r.pins["gemm_layout"] = layout;
   const std::string algo = knob_choice("HK_GEMM_ALGO", {"auto", "0", "1", "2", "3", "4", "5", "6", "7"});
   if (!algo.empty() && algo != "auto") r.pins["gemm_algo"] = algo;
+  const std::string qkv_gemm = knob_choice("HK_QKV_GEMM", {"auto", "cublaslt", "mma"});
+  if (qkv_gemm == "cublaslt" || qkv_gemm == "mma") r.pins["qkv_gemm"] = qkv_gemm;
   const std::string chains = knob_choice("HK_CHAINS", {"auto", "off", "persistent"});
   if (chains == "off" || chains == "persistent") r.pins["chains"] = chains;
   const std::string pack = knob_choice("HK_PACK", {"auto", "0", "1"});
@@ -205,6 +208,10 @@ struct GemmNode {
   std::vector<int> nk_bind, kn_bind;  // per layer
   bool use_kn = false;
   bool decided = false;
+  // The own mma kernel's tile widths offered beside cuBLASLt (QKV projection, fp16, K <= 256);
+  // use_mma >= 0: the measured choice is that kernel with mma[use_mma].
+  std::vector<SmallGemmConfig> mma;
+  int use_mma = -1;
   LtGemm& active() const { return use_kn ? *kn : *nk; }
   int binding(int layer) const { return (use_kn ? kn_bind : nk_bind)[size_t(layer)]; }
 };
@@ -280,7 +287,7 @@ struct CudaEngine::Impl {
   DType act = DType::f16;
   float eps = 1e-5f;
   // Resolved pins ("" = free).
-  std::string pin_attention, pin_gelu, pin_layout, pin_algo, pin_chains, pin_graph, pin_pack;
+  std::string pin_attention, pin_gelu, pin_layout, pin_algo, pin_qkv_gemm, pin_chains, pin_graph, pin_pack;
 
   cudaStream_t stream = nullptr;          // host path, eager default
   cudaStream_t capture_stream = nullptr;  // warm-ups, captures, tuning
@@ -389,6 +396,7 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
   pin_gelu = pin_of(routes, "gelu", routes.gelu_epilogue ? "epilogue" : "");
   pin_layout = pin_of(routes, "gemm_layout", "");
   pin_algo = pin_of(routes, "gemm_algo", "");
+  pin_qkv_gemm = pin_of(routes, "qkv_gemm", "");
   pin_chains = pin_of(routes, "chains", "");
   pin_graph = pin_of(routes, "graph", routes.graphs ? "" : "0");
   pin_pack = pin_of(routes, "pack", "");
@@ -534,6 +542,11 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B, int64_t rows) {
   };
   const DeviceLayerWeights& w0 = weights->layer(0);
   gemm(p->qkv, "qkv_proj", GemmWhich::qkv, {p->T, 3 * D, D, g, g, GemmEpilogue::bias}, w0.b_qkv, true);
+  // The own kernel: the only candidates when pinned (HK_QKV_GEMM=mma), else a measured
+  // alternative (never the untuned default, not beside a pinned cuBLASLt algorithm or layout).
+  const bool offer_mma = pin_qkv_gemm == "mma" ||
+                         (pin_qkv_gemm.empty() && routes.tune && pin_algo.empty() && pin_layout.empty());
+  if (g == DType::f16 && offer_mma && small_gemm_supports(3 * D, D)) p->qkv.mma = small_gemm_candidates(p->T, 3 * D, D);
   gemm(p->out, "out_proj", GemmWhich::out, {p->T, D, D, g, DType::f32, GemmEpilogue::bias_residual}, w0.b_o, true);
   gemm(p->ffn_in, "ffn_in", GemmWhich::in, {p->T, F, D, g, g, GemmEpilogue::bias}, w0.b_in, true);
   gemm(p->ffn_out, "ffn_out", GemmWhich::outf, {p->T, D, F, g, DType::f32, GemmEpilogue::bias_residual}, w0.b_out,
@@ -671,8 +684,21 @@ void CudaEngine::Impl::pack_input(Plan& p, const Ctx& c, const DeviceLayerWeight
   pack_layer_norm(k, c.stream);
 }
 
-void CudaEngine::Impl::run_gemm(Plan&, GemmNode& g, int layer, const void* in, const float* residual, void* out,
+void CudaEngine::Impl::run_gemm(Plan& p, GemmNode& g, int layer, const void* in, const float* residual, void* out,
                                 cudaStream_t s) const {
+  if (g.use_mma >= 0) {  // QKV only (build_plan): [N, K] weights, fp16 bias
+    const DeviceLayerWeights& w = weights->layer(layer);
+    SmallGemmParams q;
+    q.a = static_cast<const __half*>(in);
+    q.w = static_cast<const __half*>(w.w_qkv);
+    q.bias = static_cast<const __half*>(w.b_qkv);
+    q.c = static_cast<__half*>(out);
+    q.rows = p.T;
+    q.n = 3 * cfg.d_model;
+    q.k = cfg.d_model;
+    small_gemm_bias(q, s, g.mma[size_t(g.use_mma)]);
+    return;
+  }
   const void* W = nullptr;
   if (g.use_kn) {
     const KnWeights::Layer& k = kn_weights->layers[size_t(layer)];
@@ -716,7 +742,8 @@ void CudaEngine::Impl::build_table(Plan& p) {
         layer_norm(s.layer == 0 ? c.x : E->buf.x, E->buf.h, E->act, w.ln1_w, w.ln1_b, P->T, D, E->eps, c.stream);
       }),
       "ln", ln_src);
-  add(single_step_kernel<Ctx>("hk::gemm[cuda.cublaslt.bias]", StepKind::qkv_proj,
+  add(single_step_kernel<Ctx>(p.qkv.mma.empty() ? "hk::gemm[cuda.cublaslt.bias]" : "hk::gemm[cuda.cublaslt|mma.bias]",
+                              StepKind::qkv_proj,
                               [E, P](Ctx& c, const Step& s) {
                                 E->run_gemm(*P, P->qkv, s.layer, E->buf.h, nullptr, E->buf.qkv, c.stream);
                               }),
@@ -1145,9 +1172,10 @@ void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ct
   g.decided = true;
   std::vector<tune::Candidate> cands;
   std::vector<std::pair<bool, int>> what;  // (kn, algorithm)
+  const bool mma_only = !g.mma.empty() && pin_qkv_gemm == "mma";
   for (bool kn : {false, true}) {
     LtGemm* m = kn ? g.kn.get() : g.nk.get();
-    if (!m) continue;
+    if (!m || mma_only) continue;
     const int n = int(m->candidates().size());
     for (int i = 0; i < n; ++i) {
       if (!pin_algo.empty() && std::to_string(i) != pin_algo && !(i == 0 && std::stoi(pin_algo) >= n)) continue;
@@ -1156,12 +1184,26 @@ void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ct
       what.emplace_back(kn, i);
     }
   }
+  // The own kernel's tile widths after cuBLASLt's algorithms (encoded as -1 - index).
+  const GemmShape& gs = g.nk ? g.nk->shape() : g.kn->shape();
+  for (size_t j = 0; j < g.mma.size(); ++j) {
+    cands.push_back({"mma.bn" + std::to_string(g.mma[j].bn),
+                     small_gemm_name(gs.rows, gs.n, gs.k, g.mma[j]) + " (64 x " + std::to_string(g.mma[j].bn) +
+                         " tiles, programmatic launch)"});
+    what.emplace_back(false, -1 - int(j));
+  }
   auto apply = [&](size_t i) {
+    if (what[i].second < 0) {
+      g.use_mma = -1 - what[i].second;
+      return;
+    }
+    g.use_mma = -1;
     g.use_kn = what[i].first;
     g.active().select(what[i].second);
   };
-  const GemmShape& gs = g.nk ? g.nk->shape() : g.kn->shape();
-  const tune::TuneKey k = key(p, std::string("gemm.") + g.step + "." + to_string(gs.epilogue), {"backends/cuda/gemm_cublaslt"});
+  std::vector<std::string> sources = {"backends/cuda/gemm_cublaslt"};
+  if (!g.mma.empty()) sources.push_back("backends/cuda/gemm_small");
+  const tune::TuneKey k = key(p, std::string("gemm.") + g.step + "." + to_string(gs.epilogue), sources);
   const tune::ChooserOptions opt = chooser_options();
   // out_proj of layer 0 adds the caller's x; every other residual GEMM updates x in place, so
   // each candidate must start from the same x.
@@ -1770,7 +1812,13 @@ std::string CudaEngine::explain(int B) const {
       const LtGemm& a = g.active();
       const GemmShape& s = a.shape();
       o << "gemm " << step << " [" << to_string(s.epilogue) << "] rows " << s.rows << " n " << s.n << " k " << s.k
-        << ": " << (g.use_kn ? "[K,N]" : "[N,K]") << " weights, " << a.candidates().size() << " candidates, using #"
+        << ": ";
+      if (g.use_mma >= 0) {
+        o << "[N,K] weights, " << small_gemm_name(s.rows, s.n, s.k, g.mma[size_t(g.use_mma)]) << " (measured against "
+          << a.candidates().size() << " cuBLASLt candidates)\n";
+        return;
+      }
+      o << (g.use_kn ? "[K,N]" : "[N,K]") << " weights, " << a.candidates().size() << " candidates, using #"
         << a.selected() << " (" << a.describe() << ")\n";
     };
     gemm_line("qkv_proj", p.qkv);

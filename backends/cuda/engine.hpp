@@ -19,6 +19,7 @@
 //   HK_ATTENTION=auto|flash|flash.q64|flash.q16|cudnn|materialized   pins the attention route
 //   HK_GELU=auto|erf|epilogue   pins ffn_in's GELU (epilogue: cuBLASLt's tanh form, fast only)
 //   HK_GEMM_LAYOUT=auto|nk|kn, HK_GEMM_ALGO=auto|0..7   pin GEMM layout / algorithm
+//   HK_QKV_GEMM=auto|cublaslt|mma   the QKV projection's GEMM: cuBLASLt or the own mma kernel
 //   HK_CHAINS=auto|off     fused chain kernels considered or not
 //   HK_GRAPH=auto|1|0      graph replay measured against eager, or pinned on / off
 //   HK_PACK=auto|1|0       padding-free execution (see below): by the size rule, always, never

@@ -961,18 +961,6 @@ Variant pick_variant(int D, int F) {
   return Variant::pad256;
 }
 
-struct DeviceLimits {
-  int sms = 0;
-  int smem_optin = 0;
-};
-DeviceLimits device_limits() {
-  int dev = 0;
-  DeviceLimits l;
-  HK_CUDA_CHECK(cudaGetDevice(&dev));
-  HK_CUDA_CHECK(cudaDeviceGetAttribute(&l.sms, cudaDevAttrMultiProcessorCount, dev));
-  HK_CUDA_CHECK(cudaDeviceGetAttribute(&l.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return l;
-}
 
 // Opts the kernel into the device's whole shared memory once per process (current device).
 template <int DP, int FP, bool kPad>

@@ -10,13 +10,15 @@
 #   bench_full.json  the same, tuned, every sequence at full length (phase bench_full)
 #   bench_nopack.json  tuned with HK_PACK=0: the dense plans, for the padding-free gain (phase bench_nopack)
 #   bench_nopdl.json   tuned with HK_PDL=0: ordinary launches, for the programmatic-launch gain (phase bench_nopdl)
+#   bench_qkvlt.json   tuned with HK_QKV_GEMM=cublaslt: the QKV projection on cuBLASLt only, for the own
+#                      kernel's gain (phase bench_qkvlt)
 #   e2e.txt          case 6 file in, file out: hk_forward vs hk_io_baseline (read + write only), PASS/FAIL vs 1.3x
 #   multigpu.txt     phase multigpu: scaling over the GPUs under mpirun, bit identity (multi_gpu.sh)
 #   peers.json       PyTorch peers (eager fp32, compiled) per case
 #   regress/         perf/regress run JSON (device identity, build, date) + the per-case plot
 #   summary.md       the tables for perf/RESULTS.md
 # Usage: perf/device/run.sh [phase ...]   phases: env tests sanitize accuracy bench bench_full
-#        bench_nopack bench_nopdl e2e profile peers regress summary (default: all but profile; always run
+#        bench_nopack bench_nopdl bench_qkvlt e2e profile peers regress summary (default: all but profile; always run
 #        in this order). profile: ncu per-kernel tables (perf/device/profile.sh; HK_PROFILE_CASES).
 #        multigpu (not in the default list; runs after profile): a stage with HK_DEVICE_MPI=ON,
 #        perf/device/multi_gpu.sh (HK_MGPU_* knobs).
@@ -32,7 +34,7 @@ OUT=/tmp/hk-results  # everything lands here first; packed into $FINAL/results.t
 mkdir -p "$OUT"
 pkg=/tmp/hk-pkg
 phases=("$@")
-[ ${#phases[@]} -eq 0 ] && phases=(env tests sanitize accuracy bench bench_full bench_nopack bench_nopdl e2e peers regress summary)
+[ ${#phases[@]} -eq 0 ] && phases=(env tests sanitize accuracy bench bench_full bench_nopack bench_nopdl bench_qkvlt e2e peers regress summary)
 want() { local p; for p in "${phases[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 t0=$(date +%s)
 # Packs what is there so far, so a run stopped at its time limit still returns its results.
@@ -183,6 +185,13 @@ if want bench_nopdl; then
   (cd "$share" && HK_PDL=0 hk_bench_cuda --tune on --tune-cache "$work/tune-nopdl" \
      --benchmark_format=console --benchmark_out="$OUT/bench_nopdl.json" --benchmark_out_format=json \
      ${HK_BENCH_NOPDL_ARGS:-}) 2>&1 | tail -20
+fi
+
+if want bench_qkvlt; then
+  stamp "bench_qkvlt"
+  (cd "$share" && HK_QKV_GEMM=cublaslt hk_bench_cuda --tune on --tune-cache "$work/tune-qkvlt" \
+     --benchmark_format=console --benchmark_out="$OUT/bench_qkvlt.json" --benchmark_out_format=json \
+     ${HK_BENCH_QKVLT_ARGS:-}) 2>&1 | tail -20
 fi
 
 if want e2e; then
@@ -350,6 +359,11 @@ if want summary; then
     if [ -f "$OUT/bench_nopdl.json" ]; then
       echo; echo "## Random lengths, tuned, HK_PDL=0 (ordinary kernel launches)"
       python3 "$share/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_nopdl.json" --peers "$OUT/peers.json" \
+        --cases "$share/cases.csv"
+    fi
+    if [ -f "$OUT/bench_qkvlt.json" ]; then
+      echo; echo "## Random lengths, tuned, HK_QKV_GEMM=cublaslt (the QKV projection on cuBLASLt only)"
+      python3 "$share/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_qkvlt.json" --peers "$OUT/peers.json" \
         --cases "$share/cases.csv"
     fi
     if [ -f "$OUT/bench_full.json" ]; then

@@ -15,7 +15,7 @@
 // Measured dispatch (TunedRoutes, a subset of the cases): the tuned engine's output within budget
 // (whatever routes won), its decisions listed by explain, a second engine on the same tune cache
 // measures nothing and gives the same bits, a tuned eager engine within budget, pinned
-// alternatives (flash.q16, [K,N] weights, algorithm #1) within budget. TuneCuda checks the
+// alternatives (flash.q16, [K,N] weights, algorithm #1; the own QKV kernel) within budget. TuneCuda checks the
 // numeric guard's reduction against its host reference and the candidate timer.
 // Padding-free execution (PaddingFree): HK_PACK pinned on, untuned and tuned, host and device
 // paths, bucket reuse, warm_up ahead of the first forward, a wrong token count reported, fp32;
@@ -410,6 +410,18 @@ int run_tuned_case(const Case& c) {
     const std::string p4 = e4->explain(c.B);
     t.row("pinned alts", "ratio " + fmt("%.3g", r4), r4 <= 1.0 && p4.find("[K,N] weights") != std::string::npos,
           "flash.q16 + [K,N] + algo 1");
+
+    // The own QKV kernel pinned: within budget, and explain names it exactly where it applies.
+    Routes mma = tuned;
+    mma.tune_cache_dir.clear();
+    mma.pins = {{"qkv_gemm", "mma"}};
+    auto e6 = run.engine(Precision::fast, mma);
+    const std::vector<float> y6 = run.device_call(*e6, xd, len_dev, c.B, yd);
+    const double r6 = hk::test::budget_ratio(y6.data(), ref);
+    const bool mma_applies = c.D % 16 == 0 && c.D >= 32 && c.D <= 256;
+    const bool mma_named = e6->explain(c.B).find("hk::gemm[cuda.mma.bias.bn") != std::string::npos;
+    t.row("pinned qkv mma", "ratio " + fmt("%.3g", r6), r6 <= 1.0 && mma_named == mma_applies,
+          mma_applies ? "own QKV kernel" : "not applicable: cuBLASLt");
 
     auto e5 = run.engine(Precision::fp32, tuned);
     const std::vector<float> y5 = run.device_call(*e5, xd, len_dev, c.B, yd);

@@ -22,6 +22,7 @@
 // Then timings (graph replay of 20 launches, median of 30) at the shapes of cases.csv, with the bytes the fused
 // chain moves and a rough count for the split route (~40 B per element).
 #include "post_attn_fused.cuh"
+#include "graph_timing.cuh"
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -734,40 +735,10 @@ void time_shape(const TimingShape& t, double copy_gbs) {
   p.rows = t.rows;
   p.D = t.D;
   p.F = t.F;
-  // A graph of kLaunches launches, replayed: the GPU time per launch without the host's share
-  // (each launch resolves its configuration on the host: microseconds that a single event-timed
-  // launch of a small problem would count).
-  constexpr int kLaunches = 20;
   cudaStream_t st;
   CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  for (int i = 0; i < 3; ++i) hk::cuda::post_attn_fused(p, st, t.cfg);
-  CHECK_CUDA(cudaStreamSynchronize(st));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CHECK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kLaunches; ++i) hk::cuda::post_attn_fused(p, st, t.cfg);
-  CHECK_CUDA(cudaStreamEndCapture(st, &graph));
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  CHECK_CUDA(cudaGraphLaunch(exec, st));
-  CHECK_CUDA(cudaStreamSynchronize(st));
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int i = 0; i < 30; ++i) {
-    CHECK_CUDA(cudaEventRecord(e0, st));
-    CHECK_CUDA(cudaGraphLaunch(exec, st));
-    CHECK_CUDA(cudaEventRecord(e1, st));
-    CHECK_CUDA(cudaEventSynchronize(e1));
-    float v = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&v, e0, e1));
-    ms.push_back(v / kLaunches);
-  }
-  CHECK_CUDA(cudaGraphExecDestroy(exec));
-  CHECK_CUDA(cudaGraphDestroy(graph));
+  const double med = hk::gputest::graph_ms_per_launch(st, [&] { hk::cuda::post_attn_fused(p, st, t.cfg); });
   CHECK_CUDA(cudaStreamDestroy(st));
-  std::sort(ms.begin(), ms.end());
-  const double med = ms[ms.size() / 2];
   const double fused_bytes = double(n) * (t.tail ? 10.0 : 12.0);
   const double split_bytes = double(n) * 40.0;
   const double gbs = fused_bytes / (med * 1e-3) / 1e9;
@@ -777,8 +748,6 @@ void time_shape(const TimingShape& t, double copy_gbs) {
               hk::cuda::post_attn_fused_name(t.D, t.F), med, gbs, 100.0 * gbs / copy_gbs,
               split_bytes / (copy_gbs * 1e9) * 1e3);
   CHECK_CUDA(cudaGetLastError());
-  CHECK_CUDA(cudaEventDestroy(e0));
-  CHECK_CUDA(cudaEventDestroy(e1));
 }
 
 double measure_copy_gbs() {

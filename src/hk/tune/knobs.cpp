@@ -35,6 +35,10 @@ const std::vector<Knob>& knobs() {
       {"HK_GEMM_ALGO", "auto|0..7", "auto", "cuda",
        "cuBLASLt algorithm: the index into the heuristic's top candidates (0 = the heuristic's first, the "
        "untuned default). An index a GEMM lacks falls back to 0. auto: measured per GEMM."},
+      {"HK_QKV_GEMM", "auto|cublaslt|mma", "auto", "cuda",
+       "QKV projection GEMM (fast precision, D a multiple of 16 in [32, 256]): cublaslt = cuBLASLt (the untuned "
+       "default), mma = the own mma.sync kernel launched with programmatic dependent launch (its tile width "
+       "measured when tuning). auto: measured beside cuBLASLt's algorithms."},
       {"HK_CHAINS", "auto|off|persistent", "auto", "cuda",
        "Fused chain kernels (several steps in one kernel). off: single-step kernels only. auto: a chain is kept "
        "where it measures faster than the kernels it replaces (untuned: the table's first kernel), and the "
