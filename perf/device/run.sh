@@ -10,6 +10,7 @@
 #   bench_full.json  the same, tuned, every sequence at full length (phase bench_full)
 #   bench_nopack.json  tuned with HK_PACK=0: the dense plans, for the padding-free gain (phase bench_nopack)
 #   bench_nopdl.json   tuned with HK_PDL=0: ordinary launches, for the programmatic-launch gain (phase bench_nopdl)
+#   ab.txt           phase ab: one knob's values side by side on chosen cases (HK_AB, HK_AB_CASES)
 #   bench_qkvlt.json   tuned with HK_QKV_GEMM=cublaslt: the QKV projection on cuBLASLt only, for the own
 #                      kernel's gain (phase bench_qkvlt)
 #   e2e.txt          case 6 file in, file out: hk_forward vs hk_io_baseline (read + write only), PASS/FAIL vs 1.3x
@@ -18,8 +19,8 @@
 #   regress/         perf/regress run JSON (device identity, build, date) + the per-case plot
 #   summary.md       the tables for perf/RESULTS.md
 # Usage: perf/device/run.sh [phase ...]   phases: env tests sanitize accuracy bench bench_full
-#        bench_nopack bench_nopdl bench_qkvlt e2e profile peers regress summary (default: all but profile; always run
-#        in this order). profile: ncu per-kernel tables (perf/device/profile.sh; HK_PROFILE_CASES).
+#        bench_nopack bench_nopdl bench_qkvlt ab e2e profile peers regress summary (default: all but profile
+#        and ab; always run in this order). profile: ncu per-kernel tables (perf/device/profile.sh; HK_PROFILE_CASES).
 #        multigpu (not in the default list; runs after profile): a stage with HK_DEVICE_MPI=ON,
 #        perf/device/multi_gpu.sh (HK_MGPU_* knobs).
 #        Needs stage/hk-stage.tar.xz from perf/device/stage.sh (carry 'stage').
@@ -192,6 +193,28 @@ if want bench_qkvlt; then
   (cd "$share" && HK_QKV_GEMM=cublaslt hk_bench_cuda --tune on --tune-cache "$work/tune-qkvlt" \
      --benchmark_format=console --benchmark_out="$OUT/bench_qkvlt.json" --benchmark_out_format=json \
      ${HK_BENCH_QKVLT_ARGS:-}) 2>&1 | tail -20
+fi
+
+if want ab; then
+  stamp "ab"
+  # A/B of one knob in the same lease: HK_AB="KNOB=v1,v2,..." on the cases of HK_AB_CASES (tuned,
+  # one tune cache per value, the knob set for the whole process); ab.txt lists each case's median.
+  ab_knob=${HK_AB%%=*}
+  ab_vals=${HK_AB#*=}
+  {
+    echo "A/B of $ab_knob (tuned, random lengths, median ms per forward; hk_bench_cuda --only C)"
+    for c in ${HK_AB_CASES:-1 2 6}; do
+      line="case $c"
+      for v in ${ab_vals//,/ }; do
+        (cd "$share" && env "$ab_knob=$v" hk_bench_cuda --only "$c" --tune on --tune-cache "$work/ab-$v" \
+           --benchmark_format=json --benchmark_out="$OUT/ab-$c-$v.json" --benchmark_out_format=json) >/dev/null 2>&1
+        ms=$(python3 -c "import json,sys; b=json.load(open(sys.argv[1]))['benchmarks'][0]; print('%.4f' % b['real_time'])" \
+             "$OUT/ab-$c-$v.json" 2>/dev/null || echo failed)
+        line="$line  $v $ms"
+      done
+      echo "$line"
+    done
+  } 2>&1 | tee "$OUT/ab.txt"
 fi
 
 if want e2e; then
