@@ -511,14 +511,10 @@ void raise_smem_limit(Kernel kernel, size_t bytes) {
   }
 }
 
-// q128 (8 warps) is instantiated for these head_dims only.
-constexpr int kQ128MaxHeadDim = 64;
-
 template <int HD>
 void raise_limits_hd() {
   raise_smem_limit(flash_f16_kernel<HD, 4>, f16_smem_bytes<HD, 4>());
   raise_smem_limit(flash_f16_kernel<HD, 1>, f16_smem_bytes<HD, 1>());
-  if constexpr (HD <= kQ128MaxHeadDim) raise_smem_limit(flash_f16_kernel<HD, 8>, f16_smem_bytes<HD, 8>());
   raise_smem_limit(flash_f32_kernel<HD>, f32_smem_bytes<HD>());
 }
 
@@ -553,14 +549,6 @@ void launch_f32(const AttentionParams& p, cudaStream_t stream) {
 
 template <int NW>
 void dispatch_f16(const AttentionParams& p, cudaStream_t stream) {
-  if constexpr (NW == 8) {  // head_dim <= kQ128MaxHeadDim (resolve_tile)
-    switch (head_dim_bucket(p.head_dim)) {
-      case 8: return launch_f16<8, 8>(p, stream);
-      case 16: return launch_f16<16, 8>(p, stream);
-      case 32: return launch_f16<32, 8>(p, stream);
-      default: return launch_f16<64, 8>(p, stream);
-    }
-  }
   switch (head_dim_bucket(p.head_dim)) {
     case 8: return launch_f16<8, NW>(p, stream);
     case 16: return launch_f16<16, NW>(p, stream);
@@ -594,7 +582,6 @@ int current_sm_count() {
 // has an SM's load and shared-memory bandwidth to itself. In between, the per-warp work is the same
 // and q64 loads each K/V tile once instead of 4 times.
 FlashQueryTile resolve_tile(const AttentionParams& p, FlashQueryTile tile) {
-  if (tile == FlashQueryTile::q128 && head_dim_bucket(p.head_dim) > kQ128MaxHeadDim) return FlashQueryTile::q64;
   if (tile != FlashQueryTile::automatic) return tile;
   const int64_t blocks16 = int64_t(p.B) * p.H * ((p.S + 15) / 16);
   return blocks16 <= current_sm_count() ? FlashQueryTile::q16 : FlashQueryTile::q64;
@@ -625,11 +612,8 @@ void attention_flash(const AttentionParams& p, cudaStream_t stream, FlashQueryTi
   if (!attention_flash_supports(p)) throw std::invalid_argument("hk::attention[cuda.flash]: unsupported parameters");
   if (p.B == 0 || p.S == 0) return;
   if (p.dtype == DType::f32) return dispatch_f32(p, stream);
-  switch (resolve_tile(p, tile)) {
-    case FlashQueryTile::q128: return dispatch_f16<8>(p, stream);
-    case FlashQueryTile::q64: return dispatch_f16<4>(p, stream);
-    default: return dispatch_f16<1>(p, stream);
-  }
+  if (resolve_tile(p, tile) == FlashQueryTile::q64) return dispatch_f16<4>(p, stream);
+  return dispatch_f16<1>(p, stream);
 }
 
 void attention_flash(const AttentionParams& p, cudaStream_t stream) {
@@ -645,9 +629,6 @@ const char* attention_flash_name(const AttentionParams& p, FlashQueryTile tile) 
       "hk::attention[cuda.flash.hd8.q16.f16]",  "hk::attention[cuda.flash.hd16.q16.f16]",
       "hk::attention[cuda.flash.hd32.q16.f16]", "hk::attention[cuda.flash.hd64.q16.f16]",
       "hk::attention[cuda.flash.hd128.q16.f16]", "hk::attention[cuda.flash.hd256.q16.f16]"};
-  static const char* const kF16Q128[] = {
-      "hk::attention[cuda.flash.hd8.q128.f16]", "hk::attention[cuda.flash.hd16.q128.f16]",
-      "hk::attention[cuda.flash.hd32.q128.f16]", "hk::attention[cuda.flash.hd64.q128.f16]"};
   static const char* const kF32[] = {
       "hk::attention[cuda.flash.hd8.f32]",  "hk::attention[cuda.flash.hd16.f32]",
       "hk::attention[cuda.flash.hd32.f32]", "hk::attention[cuda.flash.hd64.f32]",
@@ -655,11 +636,7 @@ const char* attention_flash_name(const AttentionParams& p, FlashQueryTile tile) 
   if (p.head_dim < 1 || p.head_dim > kMaxHeadDim) return "hk::attention[cuda.flash.unsupported]";
   const int i = bucket_index(head_dim_bucket(p.head_dim));
   if (p.dtype == DType::f32) return kF32[i];
-  switch (resolve_tile(p, tile)) {
-    case FlashQueryTile::q128: return kF16Q128[i];
-    case FlashQueryTile::q64: return kF16Q64[i];
-    default: return kF16Q16[i];
-  }
+  return resolve_tile(p, tile) == FlashQueryTile::q64 ? kF16Q64[i] : kF16Q16[i];
 }
 
 const char* attention_flash_name(const AttentionParams& p) {

@@ -14,11 +14,9 @@
 namespace hk::cuda {
 
 // Query rows per thread block of the f16 kernel. `automatic` picks q64 (4 warps) unless even the
-// q16 grid (1 warp per block) has no more blocks than SMs. q128 (8 warps: the K/V tiles of a
-// sequence of up to 128 positions loaded once per head instead of once per 64 queries) exists for
-// head_dim <= 64; larger head_dims run q64 when q128 is asked for. The explicit values exist for
-// tuning and for tests that must exercise each.
-enum class FlashQueryTile : int { automatic = 0, q64 = 64, q16 = 16, q128 = 128 };
+// q16 grid (1 warp per block) has no more blocks than SMs. The explicit values exist for tuning
+// and for tests that must exercise both.
+enum class FlashQueryTile : int { automatic = 0, q64 = 64, q16 = 16 };
 
 // True when the kernels can run these parameters (dtype, head_dim, strides, alignment, grid).
 bool attention_flash_supports(const AttentionParams& p);

@@ -36,7 +36,6 @@ FlashQueryTile query_tile(FlashTile t) {
   switch (t) {
     case FlashTile::q64: return FlashQueryTile::q64;
     case FlashTile::q16: return FlashQueryTile::q16;
-    case FlashTile::q128: return FlashQueryTile::q128;
     default: return FlashQueryTile::automatic;
   }
 }

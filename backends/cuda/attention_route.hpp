@@ -16,7 +16,7 @@ namespace hk::cuda {
 
 // The own flash kernel (the default route). Its f16 kernel has two query tiles; `automatic`
 // picks one by occupancy, the explicit ones are the measured alternatives (f32 ignores the tile).
-enum class FlashTile { automatic, q64, q16, q128 };
+enum class FlashTile { automatic, q64, q16 };
 bool flash_route_compiled();
 bool flash_route_supports(const AttentionParams& p);
 std::string flash_route_name(const AttentionParams& p, FlashTile tile = FlashTile::automatic);

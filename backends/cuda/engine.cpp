@@ -169,7 +169,7 @@ Routes routes_from_environment() {
   Routes r;
   const std::string gelu = knob_choice("HK_GELU", {"auto", "erf", "epilogue"});
   const std::string attention =
-      knob_choice("HK_ATTENTION", {"auto", "flash", "flash.q64", "flash.q16", "flash.q128", "cudnn", "materialized"});
+      knob_choice("HK_ATTENTION", {"auto", "flash", "flash.q64", "flash.q16", "cudnn", "materialized"});
   const std::string graph = knob_choice("HK_GRAPH", {"auto", "0", "1"});
   r.gelu_epilogue = gelu == "epilogue";
   r.prefer_cudnn = attention == "cudnn";
@@ -180,8 +180,7 @@ Routes routes_from_environment() {
   r.tune_remeasure = knob_choice("HK_TUNE_REMEASURE", {"0", "1"}) == "1";
   if (r.tune) r.tune_cache_dir = tune::TuneCache::default_directory();
   if (gelu == "erf") r.pins["gelu"] = "erf";
-  if (attention == "flash" || attention == "flash.q64" || attention == "flash.q16" || attention == "flash.q128" ||
-      attention == "materialized")
+  if (attention == "flash" || attention == "flash.q64" || attention == "flash.q16" || attention == "materialized")
     r.pins["attention"] = attention;
   if (graph == "1") r.pins["graph"] = "1";
   const std::string layout = knob_choice("HK_GEMM_LAYOUT", {"auto", "nk", "kn"});
@@ -784,28 +783,22 @@ void CudaEngine::Impl::build_table(Plan& p) {
   };
   const bool f16_tiles = flash_ok && act == DType::f16;
   const bool auto_is_q64 = f16_tiles && flash_route_name(p.attn) == flash_route_name(p.attn, FlashTile::q64);
-  // q128 is its own kernel only where head_dim <= 64 (else the flash route runs q64 for it).
-  const bool q128_own = f16_tiles && flash_route_name(p.attn, FlashTile::q128) != flash_route_name(p.attn, FlashTile::q64);
-  const bool pin_tile = pin_attention == "flash.q64" || pin_attention == "flash.q16" || pin_attention == "flash.q128";
   if (pin_attention == "cudnn" && p.cudnn) {
     cudnn();
   } else if (pin_attention == "materialized" && p.materialized) {
     materialized();
-  } else if (pin_tile && f16_tiles) {
-    flash(pin_attention == "flash.q64" ? FlashTile::q64 : pin_attention == "flash.q16" ? FlashTile::q16 : FlashTile::q128,
-          pin_attention);
+  } else if ((pin_attention == "flash.q64" || pin_attention == "flash.q16") && f16_tiles) {
+    flash(pin_attention == "flash.q64" ? FlashTile::q64 : FlashTile::q16, pin_attention);
   } else {
     flash(FlashTile::automatic, "flash");
     if (pin_attention.empty() && routes.tune) {
       if (f16_tiles) flash(auto_is_q64 ? FlashTile::q16 : FlashTile::q64, auto_is_q64 ? "flash.q16" : "flash.q64");
-      if (q128_own) flash(FlashTile::q128, "flash.q128");
       if (p.cudnn) cudnn();
       if (p.materialized) materialized();
     }
   }
-  if (pin_tile && !f16_tiles) p.attention_note = "query tiles exist for the f16 kernel only";
-  if (pin_attention == "flash.q128" && f16_tiles && !q128_own)
-    p.attention_note = "the q128 tile exists for head_dim <= 64; q64 runs instead";
+  if ((pin_attention == "flash.q64" || pin_attention == "flash.q16") && !f16_tiles)
+    p.attention_note = "query tiles exist for the f16 kernel only";
 
   add(single_step_kernel<Ctx>("hk::gemm[cuda.cublaslt.bias_residual]", StepKind::out_proj,
                               [E, P](Ctx& c, const Step& s) {
@@ -1800,7 +1793,7 @@ std::string CudaEngine::explain(int B) const {
                            : "exact erf pass" + (p.gelu_note.empty() ? std::string() : " (" + p.gelu_note + ")"))
       << "\n";
     std::string att = "flash";
-    for (const char* id : {"flash.q64", "flash.q16", "flash.q128", "cudnn", "materialized", "qkv_attention"})
+    for (const char* id : {"flash.q64", "flash.q16", "cudnn", "materialized", "qkv_attention"})
       if (uses(id)) att = id;
     o << "attention: " << att << (att == "cudnn" && p.cudnn ? " (" + p.cudnn->plan_info(p.attn) + ")" : "")
       << (p.attention_note.empty() ? "" : " (cudnn not used: " + p.attention_note + ")")
