@@ -79,6 +79,7 @@ struct TuneReport {
   int cached = 0;          // decisions answered by the tune cache
   int fixed = 0;           // decisions without measurement (single candidate, pinned, untuned)
   double build_ms = 0;     // building the plan (descriptors, cuBLASLt algorithm queries, routes)
+  double gemm_ms = 0;      // of build_ms: the cuBLASLt GEMM descriptors and algorithm queries
   double capture_ms = 0;   // capturing and instantiating its graphs
   int captures = 0;
 };
@@ -98,8 +99,9 @@ class CudaEngine : public Engine {
   // prepare(B, nullptr, nullptr, nullptr, tokens): the host path's plan and graphs for a batch
   // holding `tokens` valid positions.
   void warm_up(int B, int64_t tokens) override;
-  // Summed over every plan made so far: plans, build_ms, warmup_ms (planning decisions and the
-  // first run), measure_ms, capture_ms, captures, measured / cached decisions.
+  // Summed over every plan made so far: plans, build_ms (and of it the GEMM descriptors' share;
+  // the first plan's build on its own), warmup_ms (planning decisions and the first run),
+  // measure_ms, capture_ms, captures, measured / cached decisions.
   std::string stats() const override;
   // Host arrays: x, lengths staged through pinned buffers (allocated on the first call), the
   // forward run on the engine's stream, y copied back; returns when y is written.
