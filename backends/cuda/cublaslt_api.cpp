@@ -46,6 +46,7 @@ Api load() {
   get(a.MatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
   get(a.MatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
   get(a.MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
+  get(a.MatmulAlgoCheck, "cublasLtMatmulAlgoCheck");
   get(a.MatmulAlgoConfigGetAttribute, "cublasLtMatmulAlgoConfigGetAttribute");
   return a;
 }

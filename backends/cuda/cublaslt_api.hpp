@@ -30,6 +30,7 @@ struct Api {
   decltype(&::cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute;
   decltype(&::cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic;
   decltype(&::cublasLtMatmulAlgoConfigGetAttribute) MatmulAlgoConfigGetAttribute;
+  decltype(&::cublasLtMatmulAlgoCheck) MatmulAlgoCheck;
 };
 
 // The entry points, loaded once (thread-safe). Throws hk::Error naming the library and the

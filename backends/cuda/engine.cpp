@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <utility>
@@ -212,6 +213,15 @@ struct GemmNode {
   // use_mma >= 0: the measured choice is that kernel with mma[use_mma].
   std::vector<SmallGemmConfig> mma;
   int use_mma = -1;
+  std::function<void()> make;  // builds nk / kn and the bias bindings; empty once built
+  // Not during a stream capture: cuBLASLt's set-up may allocate. The engine decides every GEMM
+  // of a plan (decide_gemm) before it captures or times anything.
+  void ensure() {
+    if (!make) return;
+    make();  // throws: stays unbuilt, the next use tries again
+    make = nullptr;
+  }
+  bool built() const { return !make; }
   LtGemm& active() const { return use_kn ? *kn : *nk; }
   int binding(int layer) const { return (use_kn ? kn_bind : nk_bind)[size_t(layer)]; }
 };
@@ -516,69 +526,83 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B, int64_t rows) {
   const bool kn = kn_weights != nullptr && pin_layout != "nk";
   const bool nk = pin_layout != "kn";
 
-  auto gemm = [&](GemmNode& node, const char* step, GemmWhich which, GemmShape s, const void* bias, bool required) {
+  // A GEMM node's cuBLASLt descriptors (both weight layouts where tuning may choose either, the
+  // algorithm candidates, one bias binding per layer) are made on its first use: its decision
+  // or its first run. cuBLASLt sets itself up once per type and epilogue combination (~65-150 ms
+  // each on an H200), so a plan whose chosen kernels use no residual GEMM (the fused
+  // post-attention chain) never pays for that combination. `eager`: made now, and the return
+  // value says whether cuBLASLt offers an algorithm (optional nodes).
+  Plan* P = p.get();
+  auto gemm = [&, P](GemmNode& node, const char* step, GemmWhich which, GemmShape s, const void* first_bias,
+                     bool required, bool eager) {
     node.step = step;
     node.which = which;
-    auto make = [&](bool kn_layout) {
-      GemmShape t = s;
-      t.weight_kn = kn_layout;
-      return std::make_unique<LtGemm>(lt, t, bias);
-    };
-    if (nk) node.nk = make(false);
-    if (kn) node.kn = make(true);
-    if (node.kn && !node.kn->available()) node.kn.reset();
-    if (node.nk && !node.nk->available()) node.nk.reset();
-    if (!node.nk && node.kn) node.use_kn = true;  // pinned [K, N]
-    if (!node.nk && !node.kn) {
-      if (nk && !kn && !required) return false;
-      // A pinned [K, N] the heuristic lacks falls back to [N, K].
-      if (!nk) node.nk = make(false);
-      if (!node.nk || !node.nk->available()) {
-        if (!required) return false;
-        throw Error(std::string("cuda backend: cuBLASLt offers no algorithm for ") + step + " (rows " +
-                    std::to_string(s.rows) + ", n " + std::to_string(s.n) + ", k " + std::to_string(s.k) + ", " +
-                    to_string(s.epilogue) + ")");
+    node.make = [this, P, &node, step, s, first_bias, required, nk, kn, L] {
+      const auto t0 = std::chrono::steady_clock::now();
+      node.nk.reset();  // a build that threw part-way starts over
+      node.kn.reset();
+      node.nk_bind.clear();
+      node.kn_bind.clear();
+      node.use_kn = false;
+      auto make = [&](bool kn_layout) {
+        GemmShape t = s;
+        t.weight_kn = kn_layout;
+        return std::make_unique<LtGemm>(lt, t, first_bias);
+      };
+      if (nk) node.nk = make(false);
+      if (kn) node.kn = make(true);
+      if (node.kn && !node.kn->available()) node.kn.reset();
+      if (node.nk && !node.nk->available()) node.nk.reset();
+      if (!node.nk && node.kn) node.use_kn = true;  // pinned [K, N]
+      if (!node.nk && !node.kn && !(nk && !kn && !required)) {
+        // A pinned [K, N] the heuristic lacks falls back to [N, K].
+        if (!nk) node.nk = make(false);
+        if ((!node.nk || !node.nk->available()) && required) {
+          throw Error(std::string("cuda backend: cuBLASLt offers no algorithm for ") + step + " (rows " +
+                      std::to_string(s.rows) + ", n " + std::to_string(s.n) + ", k " + std::to_string(s.k) + ", " +
+                      to_string(s.epilogue) + ")");
+        }
+        if (node.nk && !node.nk->available()) node.nk.reset();
       }
-    }
-    return true;
+      for (int l = 0; l < L; ++l) {
+        const DeviceLayerWeights& w = weights->layer(l);
+        const void* bias = node.which == GemmWhich::qkv   ? static_cast<const void*>(w.b_qkv)
+                           : node.which == GemmWhich::out ? static_cast<const void*>(w.b_o)
+                           : node.which == GemmWhich::in  ? static_cast<const void*>(w.b_in)
+                                                          : static_cast<const void*>(w.b_out);
+        if (node.nk) node.nk_bind.push_back(node.nk->bind_bias(bias));
+        if (node.kn) node.kn_bind.push_back(node.kn->bind_bias(bias));
+      }
+      P->report.gemm_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    };
+    if (!eager) return true;
+    node.ensure();
+    return node.nk != nullptr || node.kn != nullptr;
   };
-  const auto t_gemm = std::chrono::steady_clock::now();
   const DeviceLayerWeights& w0 = weights->layer(0);
-  gemm(p->qkv, "qkv_proj", GemmWhich::qkv, {p->T, 3 * D, D, g, g, GemmEpilogue::bias}, w0.b_qkv, true);
+  gemm(p->qkv, "qkv_proj", GemmWhich::qkv, {p->T, 3 * D, D, g, g, GemmEpilogue::bias}, w0.b_qkv, true, false);
   // The own kernel: the only candidates when pinned (HK_QKV_GEMM=mma), else a measured
   // alternative (never the untuned default, not beside a pinned cuBLASLt algorithm or layout).
   const bool offer_mma = pin_qkv_gemm == "mma" ||
                          (pin_qkv_gemm.empty() && routes.tune && pin_algo.empty() && pin_layout.empty());
   if (g == DType::f16 && offer_mma && small_gemm_supports(3 * D, D)) p->qkv.mma = small_gemm_candidates(p->T, 3 * D, D);
-  gemm(p->out, "out_proj", GemmWhich::out, {p->T, D, D, g, DType::f32, GemmEpilogue::bias_residual}, w0.b_o, true);
-  gemm(p->ffn_in, "ffn_in", GemmWhich::in, {p->T, F, D, g, g, GemmEpilogue::bias}, w0.b_in, true);
+  gemm(p->out, "out_proj", GemmWhich::out, {p->T, D, D, g, DType::f32, GemmEpilogue::bias_residual}, w0.b_o, true,
+       false);
+  gemm(p->ffn_in, "ffn_in", GemmWhich::in, {p->T, F, D, g, g, GemmEpilogue::bias}, w0.b_in, true, false);
   gemm(p->ffn_out, "ffn_out", GemmWhich::outf, {p->T, D, F, g, DType::f32, GemmEpilogue::bias_residual}, w0.b_out,
-       true);
+       true, false);
   const bool want_tanh = pin_gelu == "epilogue" || (routes.tune && pin_gelu.empty());
   if (want_tanh) {
+    // Made now: whether cuBLASLt has this epilogue for the shape decides whether the route exists.
     if (precision != Precision::fast) {
       p->gelu_note = "the tanh epilogue is not exact enough for fp32";
     } else if (!gemm(p->ffn_in_tanh, "ffn_in", GemmWhich::in, {p->T, F, D, g, g, GemmEpilogue::bias_gelu_tanh},
-                     w0.b_in, false)) {
+                     w0.b_in, false, true)) {
       p->gelu_note = "cuBLASLt offers no GELU-epilogue algorithm for this shape";
     } else {
       p->have_tanh = true;
     }
   }
-  for (GemmNode* n : {&p->qkv, &p->out, &p->ffn_in, &p->ffn_out, &p->ffn_in_tanh}) {
-    if (n == &p->ffn_in_tanh && !p->have_tanh) continue;
-    for (int l = 0; l < L; ++l) {
-      const DeviceLayerWeights& w = weights->layer(l);
-      const void* bias = n->which == GemmWhich::qkv   ? static_cast<const void*>(w.b_qkv)
-                         : n->which == GemmWhich::out ? static_cast<const void*>(w.b_o)
-                         : n->which == GemmWhich::in  ? static_cast<const void*>(w.b_in)
-                                                      : static_cast<const void*>(w.b_out);
-      if (n->nk) n->nk_bind.push_back(n->nk->bind_bias(bias));
-      if (n->kn) n->kn_bind.push_back(n->kn->bind_bias(bias));
-    }
-  }
-
-  p->report.gemm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_gemm).count();
 
   AttentionParams& a = p->attn;
   a.qkv = buf.qkv;
@@ -704,6 +728,7 @@ void CudaEngine::Impl::run_gemm(Plan& p, GemmNode& g, int layer, const void* in,
     small_gemm_bias(q, s, g.mma[size_t(g.use_mma)]);
     return;
   }
+  g.ensure();  // normally made by decide_gemm already
   const void* W = nullptr;
   if (g.use_kn) {
     const KnWeights::Layer& k = kn_weights->layers[size_t(layer)];
@@ -1174,6 +1199,7 @@ char* CudaEngine::Impl::scratch(DeviceBuffer& b, size_t bytes, cudaStream_t s) {
 
 void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ctx& c) {
   if (g.decided) return;
+  g.ensure();
   g.decided = true;
   std::vector<tune::Candidate> cands;
   std::vector<std::pair<bool, int>> what;  // (kn, algorithm)

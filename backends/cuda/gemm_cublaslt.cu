@@ -42,9 +42,9 @@ void check_cublas(cublasStatus_t s, const char* what, const char* file, int line
                     "): " + lt::api().GetStatusString(s));
 }
 
-LtGemm::LtGemm(cublasLtHandle_t lt, const GemmShape& shape, const void* bias_example,
-               size_t workspace_bytes, int top_k, unsigned residual_align)
-    : lt_(lt), shape_(shape), workspace_bytes_(workspace_bytes) {
+template <class Pick>
+void LtGemm::init(const void* bias_example, unsigned residual_align, Pick&& pick) {
+  const GemmShape& shape = shape_;
   if (shape.rows <= 0 || shape.n <= 0 || shape.k <= 0)
     throw CudaError("LtGemm: empty shape rows=" + std::to_string(shape.rows) + " n=" + std::to_string(shape.n) +
                     " k=" + std::to_string(shape.k));
@@ -65,7 +65,7 @@ LtGemm::LtGemm(cublasLtHandle_t lt, const GemmShape& shape, const void* bias_exa
     HK_CUBLAS_CHECK(lt::api().MatrixLayoutCreate(&c_, cd, uint64_t(shape.n), uint64_t(shape.rows), int64_t(shape.n)));
     probe = make_desc(bias_example);
     HK_CUBLAS_CHECK(lt::api().MatmulPreferenceCreate(&pref));
-    const uint64_t ws = workspace_bytes;
+    const uint64_t ws = workspace_bytes_;
     HK_CUBLAS_CHECK(lt::api().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     if (shape.epilogue == GemmEpilogue::bias_residual) {
       // The residual input of layer 0 is the caller's x, guaranteed only 16-byte aligned.
@@ -73,14 +73,7 @@ LtGemm::LtGemm(cublasLtHandle_t lt, const GemmShape& shape, const void* bias_exa
       HK_CUBLAS_CHECK(lt::api().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
                                                            &c_align, sizeof(c_align)));
     }
-    std::vector<cublasLtMatmulHeuristicResult_t> found(size_t(top_k > 0 ? top_k : 1));
-    int count = 0;
-    const cublasStatus_t st = lt::api().MatmulAlgoGetHeuristic(lt_, probe, a_, b_, c_, c_, pref, int(found.size()),
-                                                             found.data(), &count);
-    // NOT_SUPPORTED means "no algorithm for this problem": available() reports it.
-    if (st != CUBLAS_STATUS_NOT_SUPPORTED) HK_CUBLAS_CHECK(st);
-    for (int i = 0; i < count && st == CUBLAS_STATUS_SUCCESS; ++i)
-      if (found[size_t(i)].state == CUBLAS_STATUS_SUCCESS) candidates_.push_back(found[size_t(i)]);
+    pick(probe, pref);
   } catch (...) {
     if (pref) lt::api().MatmulPreferenceDestroy(pref);
     if (probe) lt::api().MatmulDescDestroy(probe);
@@ -91,6 +84,37 @@ LtGemm::LtGemm(cublasLtHandle_t lt, const GemmShape& shape, const void* bias_exa
   }
   lt::api().MatmulPreferenceDestroy(pref);
   lt::api().MatmulDescDestroy(probe);
+}
+
+LtGemm::LtGemm(cublasLtHandle_t lt, const GemmShape& shape, const void* bias_example,
+               size_t workspace_bytes, int top_k, unsigned residual_align)
+    : lt_(lt), shape_(shape), workspace_bytes_(workspace_bytes) {
+  init(bias_example, residual_align, [&](cublasLtMatmulDesc_t probe, cublasLtMatmulPreference_t pref) {
+    std::vector<cublasLtMatmulHeuristicResult_t> found(size_t(top_k > 0 ? top_k : 1));
+    int count = 0;
+    const cublasStatus_t st = lt::api().MatmulAlgoGetHeuristic(lt_, probe, a_, b_, c_, c_, pref, int(found.size()),
+                                                             found.data(), &count);
+    // NOT_SUPPORTED means "no algorithm for this problem": available() reports it.
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) HK_CUBLAS_CHECK(st);
+    for (int i = 0; i < count && st == CUBLAS_STATUS_SUCCESS; ++i)
+      if (found[size_t(i)].state == CUBLAS_STATUS_SUCCESS) candidates_.push_back(found[size_t(i)]);
+  });
+}
+
+LtGemm::LtGemm(cublasLtHandle_t lt, const GemmShape& shape, const void* bias_example,
+               const std::vector<cublasLtMatmulAlgo_t>& known, size_t workspace_bytes, unsigned residual_align)
+    : lt_(lt), shape_(shape), workspace_bytes_(workspace_bytes) {
+  init(bias_example, residual_align, [&](cublasLtMatmulDesc_t probe, cublasLtMatmulPreference_t) {
+    for (const cublasLtMatmulAlgo_t& algo : known) {
+      cublasLtMatmulHeuristicResult_t r{};
+      // Rejected (another library, device or problem): skipped, not an error.
+      if (lt::api().MatmulAlgoCheck(lt_, probe, a_, b_, c_, c_, &algo, &r) != CUBLAS_STATUS_SUCCESS) continue;
+      if (r.workspaceSize > workspace_bytes_) continue;
+      r.algo = algo;
+      r.state = CUBLAS_STATUS_SUCCESS;
+      candidates_.push_back(r);
+    }
+  });
 }
 
 LtGemm::~LtGemm() {

@@ -60,6 +60,12 @@ class LtGemm {
   // residual input is guaranteed to have (bias_residual only; caller-provided buffers get 16).
   LtGemm(cublasLtHandle_t lt, const GemmShape& shape, const void* bias_example,
          size_t workspace_bytes = kLtWorkspaceBytes, int top_k = kLtTopK, unsigned residual_align = 16);
+  // Without the heuristic: the `known` algorithms (e.g. kept from an earlier process with the same
+  // library and device) become the candidates, in order, each once cublasLtMatmulAlgoCheck accepts
+  // it for this problem; available() is false when none is accepted.
+  LtGemm(cublasLtHandle_t lt, const GemmShape& shape, const void* bias_example,
+         const std::vector<cublasLtMatmulAlgo_t>& known, size_t workspace_bytes = kLtWorkspaceBytes,
+         unsigned residual_align = 16);
   ~LtGemm();
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
@@ -91,6 +97,10 @@ class LtGemm {
   int selected_ = 0;
 
   cublasLtMatmulDesc_t make_desc(const void* bias) const;
+  // Layouts, a probe descriptor and the preference; then `pick` fills candidates_ (heuristic or
+  // check). Cleans up and rethrows on failure.
+  template <class Pick>
+  void init(const void* bias_example, unsigned residual_align, Pick&& pick);
 };
 
 }  // namespace hk::cuda
