@@ -5,10 +5,11 @@
 // kernels, whereas this kernel is launched with programmatic dependent launch (launch.hpp) and
 // stages its weight tile and bias in shared memory before it waits for the previous kernel.
 //
-// One CTA of 4 warps computes a 64 x BN tile of c with the whole K in shared memory (a: 64 x K,
-// w: BN x K, each row padded by 8 halves); warp w owns rows 16w..16w+15 and all BN columns
-// (mma.sync m16n8k16 from ldmatrix fragments); c goes out through the warp's own a rows as 16-byte
-// stores. Rows past `rows` are zero-filled and never stored.
+// One CTA of 4 warps holds a BN x K weight tile in shared memory and computes 64 x BN tiles of c,
+// one row tile after another (a persistent grid of one wave where rows are many), the next row
+// tile's a loaded into a second buffer while the current one is multiplied; warp w owns rows
+// 16w..16w+15 and all BN columns (mma.sync m16n8k16 from ldmatrix fragments); c goes out through
+// the warp's own a rows as 16-byte stores. Rows past `rows` are zero-filled and never stored.
 #pragma once
 
 #include <cuda_fp16.h>

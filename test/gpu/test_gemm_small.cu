@@ -1,9 +1,10 @@
 // GPU test of the own fp16 GEMM + bias kernel (backends/cuda/gemm_small.cuh), standalone (own
 // main, exit 77 without a GPU):
 //   - every tile width that applies, on shapes (n, k) of the QKV projection and odd ones
-//     (k 32..256 in steps of 16, n multiples of 32), rows 0, 1, 15, 16, 17, 63, 64, 65, 130 and
-//     a few thousand: each output element against a float64 reference of the same fp16 inputs,
-//     within half an fp16 ulp of the reference plus the fp32 accumulation bound;
+//     (k 32..256 in steps of 16, n multiples of 32), rows 0, 1, 15, 16, 17, 63, 64, 65, 130, a
+//     few thousand and 100001 (many row tiles per CTA, both a buffers in turn): each output
+//     element against a float64 reference of the same fp16 inputs, within half an fp16 ulp of
+//     the reference plus the fp32 accumulation bound;
 //   - the output NaN-poisoned before each launch (unwritten elements fail) with poisoned guard
 //     rows after it (must stay poisoned); a's rows past `rows` hold NaN (must not be read);
 //   - rows 0 writes nothing; graph capture and repeated launches give the same bits;
@@ -188,6 +189,7 @@ void correctness(std::mt19937_64& rng, cudaStream_t s) {
   for (const NK& sh : shapes) {
     std::vector<int64_t> rows(std::begin(row_counts), std::end(row_counts));
     rows.push_back(sh.k >= 256 ? 1500 : 4352);
+    if (sh.n == 192 && sh.k == 64) rows.push_back(100001);  // many row tiles per CTA (persistent grid)
     for (int64_t r : rows) {
       Problem p = make_problem(r, sh.n, sh.k, rng);
       Buffers b(p);
