@@ -344,6 +344,7 @@ struct CudaEngine::Impl {
   void decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ctx& c);
   void decide_graph(Plan& p, cudaGraphExec_t g, const Ctx& c);
   void decide_whole_model(Plan& p, const Ctx& c);
+  void decide_qkv_chain(Plan& p, const Ctx& c);
   void run_inner(Plan& p, const PlannedKernel<Ctx>& k, Ctx& c);
   void run_gemm(Plan& p, GemmNode& g, int layer, const void* in, const float* residual, void* out,
                 cudaStream_t s) const;
@@ -1384,6 +1385,59 @@ void CudaEngine::Impl::decide_graph(Plan& p, cudaGraphExec_t g, const Ctx& c) {
 // The chosen per-layer plan against the whole-model kernel, timed as whole forwards (graph-timed
 // unless graphs are off), the output y compared by the numeric guard; the faster is kept.
 // HK_CHAINS=persistent pins the whole-model kernel (where the model is within its limits).
+// The QKV projection's own kernel is timed alone by decide_gemm, where its programmatic launch
+// cannot show: in the forward it stages its weights while the previous kernel finishes. When the
+// chosen plan runs the QKV GEMM kernel with a cuBLASLt algorithm and the own kernel is a
+// candidate, the whole forward is timed with each (the own kernel at its automatic width) and the
+// faster stays (measured on the H200: cases 1 and 2 are 3-7% faster with it in the forward while
+// it loses alone).
+void CudaEngine::Impl::decide_qkv_chain(Plan& p, const Ctx& c) {
+  GemmNode& g = p.qkv;
+  if (g.mma.empty() || !g.decided || g.use_mma >= 0 || (!g.nk && !g.kn)) return;
+  bool runs_gemm = false;
+  for (const auto& k : p.kernels)
+    if (k.count == 1 && steps[size_t(k.first)].kind == StepKind::qkv_proj) runs_gemm = true;
+  if (!runs_gemm) return;
+  std::vector<std::string> sources = {"backends/cuda/gemm_cublaslt", "backends/cuda/gemm_small"};
+  for (const auto& k : p.kernels) {
+    const KernelMeta& m = p.meta[p.index_of(k.kernel)];
+    sources.insert(sources.end(), m.sources.begin(), m.sources.end());
+  }
+  const GemmShape& gs = g.active().shape();
+  const tune::Candidate own{"mma", small_gemm_name(gs.rows, gs.n, gs.k, g.mma[0])};
+  const std::vector<tune::Candidate> cands = {
+      {"cublaslt", std::string(g.use_kn ? "[K,N] " : "[N,K] ") + g.active().describe() + " in the forward"}, own};
+  auto run_with = [&](int i, Ctx& cc) {
+    g.use_mma = i == 1 ? 0 : -1;
+    run_plan(p.kernels, steps, cc);
+  };
+  Ctx w = c;
+  char* ref = nullptr;
+  const tune::TuneKey k = key(p, "gemm.qkv_proj.chain", sources);
+  const tune::ChooserOptions opt = chooser_options();
+  if (!chooser->answered(k, cands, opt)) ref = scratch(inner_scratch, buf_bytes(p, kY), c.stream);
+  const size_t x_bytes = size_t(p.B) * size_t(S) * size_t(cfg.d_model) * sizeof(float);
+  tune::Probe probe;
+  probe.run = [&](int i) {
+    if (c.y == c.x)  // in place: every candidate starts from the input (kept by warm_up)
+      HK_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(c.x), alias_scratch.get(), x_bytes, cudaMemcpyDeviceToDevice,
+                                    c.stream));
+    run_with(i, w);
+  };
+  probe.keep_reference = [&] { copy_set(p, kY, c, ref, true); };
+  probe.difference = [&] { return diff_set(p, kY, c, ref); };
+  probe.time = [&](int i) {
+    return timer->time([&](cudaStream_t st) {
+      Ctx cc = c;
+      cc.stream = st;
+      run_with(i, cc);
+    }, pin_graph != "0");
+  };
+  const tune::Decision d = chooser->decide(k, cands, probe, opt);
+  p.decisions.push_back(d);
+  g.use_mma = d.chosen == 1 ? 0 : -1;
+}
+
 void CudaEngine::Impl::decide_whole_model(Plan& p, const Ctx& c) {
   if (p.whole_model < 0) return;
   const Kernel<Ctx>* whole = &p.table[size_t(p.whole_model)];
@@ -1455,6 +1509,12 @@ void CudaEngine::Impl::warm_up(Plan& p, const Ctx& c, cudaStream_t caller_stream
     const auto t0 = std::chrono::steady_clock::now();
     const size_t before = p.decisions.size();
     choose_plan(p, w);
+    if (routes.tune) {
+      if (aliased)  // the plan's own run overwrote x: the chain decision needs the input
+        HK_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(c.x), alias_scratch.get(), x_bytes,
+                                      cudaMemcpyDeviceToDevice, capture_stream));
+      decide_qkv_chain(p, w);
+    }
     if (routes.tune || pin_chains == "persistent") {
       if (aliased)  // the plan's own run overwrote x: the whole-model decision needs the input
         HK_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(c.x), alias_scratch.get(), x_bytes,
