@@ -778,7 +778,10 @@ void CudaEngine::Impl::build_table(Plan& p) {
                               [E, P](Ctx& c, const Step& s) {
                                 E->run_gemm(*P, P->qkv, s.layer, E->buf.h, nullptr, E->buf.qkv, c.stream);
                               }),
-      "gemm", gemm_src, gemm_inner(&p.qkv));
+      "gemm",
+      p.qkv.mma.empty() ? gemm_src
+                        : std::vector<std::string>{"backends/cuda/gemm_cublaslt", "backends/cuda/gemm_small"},
+      gemm_inner(&p.qkv));
 
   // Attention: a pinned route alone (flash when the pinned one lacks the shape); otherwise the
   // flash kernel with its occupancy-chosen tile first, then its other tile and cuDNN.
@@ -1235,7 +1238,10 @@ void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ct
   };
   std::vector<std::string> sources = {"backends/cuda/gemm_cublaslt"};
   if (!g.mma.empty()) sources.push_back("backends/cuda/gemm_small");
-  const tune::TuneKey k = key(p, std::string("gemm.") + g.step + "." + to_string(gs.epilogue), sources);
+  // A pinned own kernel decides among its widths only: its own key, so that its answer is never
+  // taken for the unpinned decision (the cache only checks that a stored winner is a candidate).
+  const tune::TuneKey k = key(p, std::string("gemm.") + g.step + "." + to_string(gs.epilogue) + (mma_only ? ".mma_only" : ""),
+                              sources);
   const tune::ChooserOptions opt = chooser_options();
   // out_proj of layer 0 adds the caller's x; every other residual GEMM updates x in place, so
   // each candidate must start from the same x.
@@ -1433,7 +1439,13 @@ void CudaEngine::Impl::decide_qkv_chain(Plan& p, const Ctx& c) {
       run_with(i, cc);
     }, pin_graph != "0");
   };
-  const tune::Decision d = chooser->decide(k, cands, probe, opt);
+  tune::Decision d;
+  try {
+    d = chooser->decide(k, cands, probe, opt);
+  } catch (...) {
+    g.use_mma = -1;  // the GEMM decision's choice stands
+    throw;
+  }
   p.decisions.push_back(d);
   g.use_mma = d.chosen == 1 ? 0 : -1;
 }
@@ -1906,7 +1918,7 @@ std::string CudaEngine::explain(int B) const {
       << "\n";
     o << describe_plan(p.kernels, m.steps);
     auto gemm_line = [&o](const char* step, const GemmNode& g) {
-      if (!g.nk && !g.kn) return;
+      if (!g.built() || (!g.nk && !g.kn)) return;  // not made: no kernel of the plan used it
       const LtGemm& a = g.active();
       const GemmShape& s = a.shape();
       o << "gemm " << step << " [" << to_string(s.epilogue) << "] rows " << s.rows << " n " << s.n << " k " << s.k

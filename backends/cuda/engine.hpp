@@ -79,7 +79,8 @@ struct TuneReport {
   int cached = 0;          // decisions answered by the tune cache
   int fixed = 0;           // decisions without measurement (single candidate, pinned, untuned)
   double build_ms = 0;     // building the plan (descriptors, cuBLASLt algorithm queries, routes)
-  double gemm_ms = 0;      // of build_ms: the cuBLASLt GEMM descriptors and algorithm queries
+  double gemm_ms = 0;      // making the cuBLASLt GEMM descriptors (on a node's first use: part of
+                           // build_ms untuned, of warmup_ms in a tuning engine's first forward)
   double capture_ms = 0;   // capturing and instantiating its graphs
   int captures = 0;
 };

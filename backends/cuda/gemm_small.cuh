@@ -36,7 +36,7 @@ struct SmallGemmConfig {
   int bn = 0;
 };
 
-// k a multiple of 16 in [16, 256], n a positive multiple of 32, and the smallest tile fits the
+// k a multiple of 16 in [32, 256], n a positive multiple of 32, and the smallest tile fits the
 // current device's opt-in shared memory. Raises the kernels' shared-memory limits once per
 // process (current device): call it before a graph capture.
 bool small_gemm_supports(int n, int k);

@@ -36,7 +36,7 @@ const std::vector<Knob>& knobs() {
        "cuBLASLt algorithm: the index into the heuristic's top candidates (0 = the heuristic's first, the "
        "untuned default). An index a GEMM lacks falls back to 0. auto: measured per GEMM."},
       {"HK_QKV_GEMM", "auto|cublaslt|mma", "auto", "cuda",
-       "QKV projection GEMM (fast precision, D a multiple of 16 in [32, 256]): cublaslt = cuBLASLt (the untuned "
+       "QKV projection GEMM (fast precision, D a multiple of 32 up to 256): cublaslt = cuBLASLt (the untuned "
        "default), mma = the own mma.sync kernel launched with programmatic dependent launch (its tile width "
        "measured when tuning). auto: measured beside cuBLASLt's algorithms."},
       {"HK_CHAINS", "auto|off|persistent", "auto", "cuda",
