@@ -345,6 +345,9 @@ struct CudaEngine::Impl {
   void decide_graph(Plan& p, cudaGraphExec_t g, const Ctx& c);
   void decide_whole_model(Plan& p, const Ctx& c);
   void decide_qkv_chain(Plan& p, const Ctx& c);
+  tune::Decision decide_by_forward(Plan& p, const Ctx& c, const tune::TuneKey& k,
+                                   const std::vector<tune::Candidate>& cands,
+                                   const std::function<void(int, Ctx&)>& run_with);
   void run_inner(Plan& p, const PlannedKernel<Ctx>& k, Ctx& c);
   void run_gemm(Plan& p, GemmNode& g, int layer, const void* in, const float* residual, void* out,
                 cudaStream_t s) const;
@@ -1417,31 +1420,9 @@ void CudaEngine::Impl::decide_qkv_chain(Plan& p, const Ctx& c) {
     g.use_mma = i == 1 ? 0 : -1;
     run_plan(p.kernels, steps, cc);
   };
-  Ctx w = c;
-  char* ref = nullptr;
-  const tune::TuneKey k = key(p, "gemm.qkv_proj.chain", sources);
-  const tune::ChooserOptions opt = chooser_options();
-  if (!chooser->answered(k, cands, opt)) ref = scratch(inner_scratch, buf_bytes(p, kY), c.stream);
-  const size_t x_bytes = size_t(p.B) * size_t(S) * size_t(cfg.d_model) * sizeof(float);
-  tune::Probe probe;
-  probe.run = [&](int i) {
-    if (c.y == c.x)  // in place: every candidate starts from the input (kept by warm_up)
-      HK_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(c.x), alias_scratch.get(), x_bytes, cudaMemcpyDeviceToDevice,
-                                    c.stream));
-    run_with(i, w);
-  };
-  probe.keep_reference = [&] { copy_set(p, kY, c, ref, true); };
-  probe.difference = [&] { return diff_set(p, kY, c, ref); };
-  probe.time = [&](int i) {
-    return timer->time([&](cudaStream_t st) {
-      Ctx cc = c;
-      cc.stream = st;
-      run_with(i, cc);
-    }, pin_graph != "0");
-  };
   tune::Decision d;
   try {
-    d = chooser->decide(k, cands, probe, opt);
+    d = decide_by_forward(p, c, key(p, "gemm.qkv_proj.chain", sources), cands, run_with);
   } catch (...) {
     g.use_mma = -1;  // the GEMM decision's choice stands
     throw;
@@ -1474,15 +1455,25 @@ void CudaEngine::Impl::decide_whole_model(Plan& p, const Ctx& c) {
       whole->run(cc, steps.data(), int(steps.size()));
     }
   };
+  const tune::Decision d = decide_by_forward(p, c, key(p, "model.whole", sources), cands, run_with);
+  p.decisions.push_back(d);
+  if (d.chosen == 1) p.kernels = whole_plan;
+}
+
+// A decision between whole forwards: run_with(i, ctx) runs candidate i's forward on ctx's
+// stream; they are compared on y and timed (graph replay unless HK_GRAPH=0). In place (y == x)
+// every candidate starts from the input, which warm_up keeps aside.
+tune::Decision CudaEngine::Impl::decide_by_forward(Plan& p, const Ctx& c, const tune::TuneKey& k,
+                                                   const std::vector<tune::Candidate>& cands,
+                                                   const std::function<void(int, Ctx&)>& run_with) {
   Ctx w = c;
   char* ref = nullptr;
-  const tune::TuneKey k = key(p, "model.whole", sources);
   const tune::ChooserOptions opt = chooser_options();
   if (!chooser->answered(k, cands, opt)) ref = scratch(inner_scratch, buf_bytes(p, kY), c.stream);
   const size_t x_bytes = size_t(p.B) * size_t(S) * size_t(cfg.d_model) * sizeof(float);
   tune::Probe probe;
   probe.run = [&](int i) {
-    if (c.y == c.x)  // in place: every candidate starts from the input (kept by warm_up)
+    if (c.y == c.x)
       HK_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(c.x), alias_scratch.get(), x_bytes, cudaMemcpyDeviceToDevice,
                                     c.stream));
     run_with(i, w);
@@ -1496,9 +1487,7 @@ void CudaEngine::Impl::decide_whole_model(Plan& p, const Ctx& c) {
       run_with(i, cc);
     }, pin_graph != "0");
   };
-  const tune::Decision d = chooser->decide(k, cands, probe, opt);
-  p.decisions.push_back(d);
-  if (d.chosen == 1) p.kernels = whole_plan;
+  return chooser->decide(k, cands, probe, opt);
 }
 
 // The first forward of a plan on the capture stream, after the caller's pending work (it reads
