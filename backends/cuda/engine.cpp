@@ -1241,10 +1241,14 @@ void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ct
   };
   std::vector<std::string> sources = {"backends/cuda/gemm_cublaslt"};
   if (!g.mma.empty()) sources.push_back("backends/cuda/gemm_small");
-  // A pinned own kernel decides among its widths only: its own key, so that its answer is never
-  // taken for the unpinned decision (the cache only checks that a stored winner is a candidate).
-  const tune::TuneKey k = key(p, std::string("gemm.") + g.step + "." + to_string(gs.epilogue) + (mma_only ? ".mma_only" : ""),
-                              sources);
+  // A pinned restriction (own kernel only, one weight layout, one algorithm index) decides among
+  // fewer candidates: its own key, so that its answer is never taken for the unrestricted
+  // decision (the cache only checks that a stored winner is among the candidates).
+  std::string op = std::string("gemm.") + g.step + "." + to_string(gs.epilogue);
+  if (mma_only) op += ".mma_only";
+  if (!mma_only && !pin_layout.empty()) op += ".layout_" + pin_layout;
+  if (!mma_only && !pin_algo.empty()) op += ".algo_" + pin_algo;
+  const tune::TuneKey k = key(p, op, sources);
   const tune::ChooserOptions opt = chooser_options();
   // out_proj of layer 0 adds the caller's x; every other residual GEMM updates x in place, so
   // each candidate must start from the same x.
