@@ -118,6 +118,20 @@ Problem make_problem(int64_t rows, int n, int k, std::mt19937_64& rng) {
   return p;
 }
 
+// The kernel's parameters over device buffers of a, w, bias and c.
+hk::cuda::SmallGemmParams params_of(const Dev& a, const Dev& w, const Dev& bias, const Dev& c, int64_t rows, int n,
+                                    int k) {
+  hk::cuda::SmallGemmParams q;
+  q.a = a.as<__half>();
+  q.w = w.as<__half>();
+  q.bias = bias.as<__half>();
+  q.c = c.as<__half>();
+  q.rows = rows;
+  q.n = n;
+  q.k = k;
+  return q;
+}
+
 struct Buffers {
   Dev a, w, bias, c;
   explicit Buffers(const Problem& p)
@@ -126,17 +140,7 @@ struct Buffers {
     CHECK_CUDA(cudaMemcpy(w.p, p.w.data(), w.bytes, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(bias.p, p.bias.data(), bias.bytes, cudaMemcpyHostToDevice));
   }
-  hk::cuda::SmallGemmParams params(const Problem& p) const {
-    hk::cuda::SmallGemmParams q;
-    q.a = a.as<__half>();
-    q.w = w.as<__half>();
-    q.bias = bias.as<__half>();
-    q.c = c.as<__half>();
-    q.rows = p.rows;
-    q.n = p.n;
-    q.k = p.k;
-    return q;
-  }
+  hk::cuda::SmallGemmParams params(const Problem& p) const { return params_of(a, w, bias, c, p.rows, p.n, p.k); }
   void poison_c(cudaStream_t s) const { CHECK_CUDA(cudaMemsetAsync(c.p, 0xFF, c.bytes, s)); }
   std::vector<uint16_t> download_c(cudaStream_t s) const {
     std::vector<uint16_t> v(c.bytes / 2);
@@ -302,14 +306,7 @@ void contracts(cudaStream_t s) {
         "tile widths that do not divide n, exceed k + 8 or do not exist are unusable");
 
   Dev a(64 * 128 * 2 + 16), w(384 * 128 * 2 + 16), bias(384 * 2), out(64 * 384 * 2 + 16);
-  hk::cuda::SmallGemmParams p;
-  p.a = a.as<__half>();
-  p.w = w.as<__half>();
-  p.bias = bias.as<__half>();
-  p.c = out.as<__half>();
-  p.rows = 64;
-  p.n = 384;
-  p.k = 128;
+  const hk::cuda::SmallGemmParams p = params_of(a, w, bias, out, 64, 384, 128);
   auto throws = [&](hk::cuda::SmallGemmParams q, hk::cuda::SmallGemmConfig cf, const char* what) {
     bool threw = false;
     try {
@@ -369,14 +366,7 @@ void timings(cudaStream_t s) {
     const double lt_ms = hk::gputest::graph_ms_per_launch(s, [&] { g.run(bind, w.p, a.p, nullptr, c.p, ws.p, s); });
     std::printf("  %-18s rows %-7lld n %-4d k %-4d cuBLASLt #0 %.4f", t.name, static_cast<long long>(t.rows), t.n,
                 t.k, lt_ms);
-    hk::cuda::SmallGemmParams p;
-    p.a = a.as<__half>();
-    p.w = w.as<__half>();
-    p.bias = bias.as<__half>();
-    p.c = c.as<__half>();
-    p.rows = t.rows;
-    p.n = t.n;
-    p.k = t.k;
+    const hk::cuda::SmallGemmParams p = params_of(a, w, bias, c, t.rows, t.n, t.k);
     for (const auto& cf : hk::cuda::small_gemm_candidates(t.rows, t.n, t.k))
       std::printf("  bn%d %.4f", cf.bn, hk::gputest::graph_ms_per_launch(s, [&] { hk::cuda::small_gemm_bias(p, s, cf); }));
     std::printf("\n");
