@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -340,6 +341,9 @@ struct CudaEngine::Impl {
   void build_table(Plan& p);
   void make_kn_weights(const Model& model);
   void choose_plan(Plan& p, const Ctx& c);
+  std::string explain_plan(const Plan& p, int B) const;
+  std::vector<PlannedKernel<Ctx>> replan_forcing(Plan& p, const Ctx& c, const std::map<std::string, int>& forced);
+  void decide_chains_in_forward(Plan& p, const Ctx& c);
   int choose_segment(Plan& p, const tune::Segment<Ctx>& seg, const Ctx& c);
   void decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ctx& c);
   void decide_graph(Plan& p, cudaGraphExec_t g, const Ctx& c);
@@ -1365,6 +1369,97 @@ void CudaEngine::Impl::choose_plan(Plan& p, const Ctx& c0) {
   p.planned = true;
 }
 
+// The plan again, every segment whose label is in `forced` taking that option (the others as
+// decided: memoised, or measured where a forced option uncovers a position the first pass never
+// chose). Each committed kernel runs, as in choose_plan, so later choices see the data they would.
+std::vector<PlannedKernel<Ctx>> CudaEngine::Impl::replan_forcing(Plan& p, const Ctx& c0,
+                                                                  const std::map<std::string, int>& forced) {
+  Ctx c = c0;
+  return tune::make_plan_by_choice(
+      steps, p.table, p.shape,
+      [&](const tune::Segment<Ctx>& seg) {
+        const auto f = forced.find(tune::segment_label(steps, seg.first, seg.count));
+        if (f != forced.end() && size_t(f->second) < seg.options.size()) return f->second;
+        return choose_segment(p, seg, c);
+      },
+      [&](const PlannedKernel<Ctx>& k) {
+        run_inner(p, k, c);
+        k.kernel->run(c, &steps[k.first], k.count);
+      });
+}
+
+// A chain kernel and the single kernels it replaces are compared per segment, each option timed
+// alone between events (choose_segment). In the forward a chain also removes kernel boundaries
+// (under programmatic dependent launch a kernel stages its weights while its predecessor ends;
+// cuBLASLt's GEMMs never overlap), which timing alone cannot show. So for every segment label
+// whose options include a chain, the whole forward is timed with each option at every segment of
+// that label (the option the plan chose first: it wins ties), and the faster plan stays
+// (key "plan.forward.<label>"). With y == x the caller's input is put back before every re-plan.
+void CudaEngine::Impl::decide_chains_in_forward(Plan& p, const Ctx& c) {
+  struct Label {
+    std::string text;
+    std::vector<std::string> ids;  // per option
+    int chosen = 0;
+  };
+  std::vector<Label> labels;
+  for (const auto& k : p.kernels) {
+    const tune::Segment<Ctx> seg = tune::segment_options(steps, p.table, p.shape, size_t(k.first));
+    if (seg.count < 2 || seg.options.size() < 2) continue;
+    Label l;
+    l.text = tune::segment_label(steps, seg.first, seg.count);
+    bool seen = false;
+    for (const Label& o : labels) seen = seen || o.text == l.text;
+    if (seen) continue;
+    for (size_t i = 0; i < seg.options.size(); ++i) {
+      std::string id;
+      for (const auto& kk : seg.options[i].kernels) id += (id.empty() ? "" : "+") + p.meta[p.index_of(kk.kernel)].id;
+      l.ids.push_back(id);
+      const PlannedKernel<Ctx>& head = seg.options[i].kernels.front();
+      if (head.kernel == k.kernel && head.count == k.count) l.chosen = int(i);
+    }
+    labels.push_back(std::move(l));
+  }
+  const size_t x_bytes = size_t(p.B) * size_t(S) * size_t(cfg.d_model) * sizeof(float);
+  auto restore_input = [&] {
+    if (c.y == c.x)
+      HK_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(c.x), alias_scratch.get(), x_bytes, cudaMemcpyDeviceToDevice,
+                                    c.stream));
+  };
+  std::map<std::string, int> forced;  // the labels decided so far, with their options
+  for (const Label& l : labels) {
+    std::vector<int> order = {l.chosen};
+    for (int i = 0; i < int(l.ids.size()); ++i)
+      if (i != l.chosen) order.push_back(i);
+    std::vector<std::vector<PlannedKernel<Ctx>>> plans;
+    std::vector<tune::Candidate> cands;
+    std::vector<std::string> sources;
+    for (int i : order) {
+      if (i == l.chosen) {
+        plans.push_back(p.kernels);
+      } else {
+        restore_input();
+        std::map<std::string, int> f = forced;
+        f[l.text] = i;
+        plans.push_back(replan_forcing(p, c, f));
+      }
+      for (const auto& k : plans.back()) {
+        const KernelMeta& m = p.meta[p.index_of(k.kernel)];
+        sources.insert(sources.end(), m.sources.begin(), m.sources.end());
+      }
+      cands.push_back({l.ids[size_t(i)], "the forward with " + l.ids[size_t(i)] + " at every " + l.text +
+                                             " (" + std::to_string(plans.back().size()) + " kernels)"});
+    }
+    std::sort(sources.begin(), sources.end());
+    sources.erase(std::unique(sources.begin(), sources.end()), sources.end());
+    restore_input();
+    auto run_with = [&](int i, Ctx& cc) { run_plan(plans[size_t(i)], steps, cc); };
+    const tune::Decision d = decide_by_forward(p, c, key(p, "plan.forward." + l.text, sources), cands, run_with);
+    p.decisions.push_back(d);
+    p.kernels = plans[size_t(d.chosen)];
+    forced[l.text] = order[size_t(d.chosen)];
+  }
+}
+
 void CudaEngine::Impl::decide_graph(Plan& p, cudaGraphExec_t g, const Ctx& c) {
   p.graph_decided = true;
   const std::vector<tune::Candidate> cands = {{"1", "graph replay"}, {"0", "eager launch"}};
@@ -1516,6 +1611,10 @@ void CudaEngine::Impl::warm_up(Plan& p, const Ctx& c, cudaStream_t caller_stream
     choose_plan(p, w);
     if (routes.tune) {
       if (aliased)  // the plan's own run overwrote x: the chain decision needs the input
+        HK_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(c.x), alias_scratch.get(), x_bytes,
+                                      cudaMemcpyDeviceToDevice, capture_stream));
+      decide_chains_in_forward(p, w);
+      if (aliased)
         HK_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(c.x), alias_scratch.get(), x_bytes,
                                       cudaMemcpyDeviceToDevice, capture_stream));
       decide_qkv_chain(p, w);
@@ -1874,66 +1973,76 @@ std::string CudaEngine::explain(int B) const {
       m.warm_up(p, Ctx{m.capture_stream, m.buf.x_in, m.buf.lengths_in, m.buf.y[0]}, m.stream);
       HK_CUDA_CHECK(cudaStreamSynchronize(m.capture_stream));
     }
-    auto uses = [&](const std::string& id) {
-      for (const auto& k : p.kernels)
-        if (p.meta[p.index_of(k.kernel)].id == id) return true;
-      return false;
-    };
-    std::ostringstream o;
-    o << "cuda backend on " << m.device_desc << ", precision " << to_string(m.precision) << ", B = " << B
-      << ", S = " << m.S << " (" << p.T << " token rows)\n";
-    if (m.routes.tune) {
-      char b[200];
-      std::snprintf(b, sizeof b, "tuning: on (%s); first forward %.1f ms: %d measured (%.1f ms), %d from the cache, %d fixed\n",
-                    m.cache->persistent() ? ("cache " + m.cache->path()).c_str() : "no disk cache", p.report.warmup_ms,
-                    p.report.measured, p.report.measure_ms, p.report.cached, p.report.fixed);
-      o << b;
-    } else {
-      o << "tuning: off (every decision takes its default or its pin)\n";
-    }
-    o << "gelu: "
-      << (uses("epilogue") ? "cuBLASLt tanh epilogue" + std::string(m.pin_gelu == "epilogue" ? " (HK_GELU=epilogue)" : " (measured)")
-                           : "exact erf pass" + (p.gelu_note.empty() ? std::string() : " (" + p.gelu_note + ")"))
-      << "\n";
-    std::string att = "flash";
-    for (const char* id : {"flash.q64", "flash.q16", "cudnn", "materialized", "qkv_attention"})
-      if (uses(id)) att = id;
-    o << "attention: " << att << (att == "cudnn" && p.cudnn ? " (" + p.cudnn->plan_info(p.attn) + ")" : "")
-      << (p.attention_note.empty() ? "" : " (cudnn not used: " + p.attention_note + ")")
-      << (p.materialized_note.empty() ? "" : " (materialized not used: " + p.materialized_note + ")") << "\n";
-    for (const std::string& n : p.chain_notes) o << "chain " << n << "\n";
-    if (!p.whole_model_note.empty()) o << p.whole_model_note << "\n";
-    if (p.packed) o << "padding-free: " << p.T << " packed rows for " << int64_t(B) * m.S << " positions\n";
-    o << "graphs: "
-      << (!m.routes.graphs ? "off (HK_GRAPH=0)"
-          : !p.graph_note.empty() ? "off for this B: " + p.graph_note
-                                  : std::string("on"))
-      << "\n";
-    o << describe_plan(p.kernels, m.steps);
-    auto gemm_line = [&o](const char* step, const GemmNode& g) {
-      if (!g.built() || (!g.nk && !g.kn)) return;  // not made: no kernel of the plan used it
-      const LtGemm& a = g.active();
-      const GemmShape& s = a.shape();
-      o << "gemm " << step << " [" << to_string(s.epilogue) << "] rows " << s.rows << " n " << s.n << " k " << s.k
-        << ": ";
-      if (g.use_mma >= 0) {
-        o << "[N,K] weights, " << small_gemm_name(s.rows, s.n, s.k, g.mma[size_t(g.use_mma)]) << " (measured against "
-          << a.candidates().size() << " cuBLASLt candidates)\n";
-        return;
-      }
-      o << (g.use_kn ? "[K,N]" : "[N,K]") << " weights, " << a.candidates().size() << " candidates, using #"
-        << a.selected() << " (" << a.describe() << ")\n";
-    };
-    gemm_line("qkv_proj", p.qkv);
-    gemm_line("out_proj", p.out);
-    gemm_line("ffn_in", uses("epilogue") ? p.ffn_in_tanh : p.ffn_in);
-    gemm_line("ffn_out", p.ffn_out);
-    if (!p.decisions.empty()) {
-      o << "decisions (candidate times in ms; the first candidate is the default):\n";
-      for (const tune::Decision& d : p.decisions) o << "  " << d.describe() << "\n";
-    }
-    return o.str();
+    return m.explain_plan(p, B);
   });
+}
+
+std::string CudaEngine::explain_last(int B) const {
+  auto it = impl_->last_plan.find(B);
+  if (it == impl_->last_plan.end() || !it->second->planned) return "";
+  return impl_->explain_plan(*const_cast<Plan*>(it->second), B);
+}
+
+std::string CudaEngine::Impl::explain_plan(const Plan& p, int B) const {
+  auto uses = [&](const std::string& id) {
+    for (const auto& k : p.kernels)
+      if (p.meta[p.index_of(k.kernel)].id == id) return true;
+    return false;
+  };
+  std::ostringstream o;
+  o << "cuda backend on " << device_desc << ", precision " << to_string(precision) << ", B = " << B
+    << ", S = " << S << " (" << p.T << " token rows)\n";
+  if (routes.tune) {
+    char b[200];
+    std::snprintf(b, sizeof b, "tuning: on (%s); first forward %.1f ms: %d measured (%.1f ms), %d from the cache, %d fixed\n",
+                  cache->persistent() ? ("cache " + cache->path()).c_str() : "no disk cache", p.report.warmup_ms,
+                  p.report.measured, p.report.measure_ms, p.report.cached, p.report.fixed);
+    o << b;
+  } else {
+    o << "tuning: off (every decision takes its default or its pin)\n";
+  }
+  o << "gelu: "
+    << (uses("epilogue") ? "cuBLASLt tanh epilogue" + std::string(pin_gelu == "epilogue" ? " (HK_GELU=epilogue)" : " (measured)")
+                         : "exact erf pass" + (p.gelu_note.empty() ? std::string() : " (" + p.gelu_note + ")"))
+    << "\n";
+  std::string att = "flash";
+  for (const char* id : {"flash.q64", "flash.q16", "cudnn", "materialized", "qkv_attention"})
+    if (uses(id)) att = id;
+  o << "attention: " << att << (att == "cudnn" && p.cudnn ? " (" + p.cudnn->plan_info(p.attn) + ")" : "")
+    << (p.attention_note.empty() ? "" : " (cudnn not used: " + p.attention_note + ")")
+    << (p.materialized_note.empty() ? "" : " (materialized not used: " + p.materialized_note + ")") << "\n";
+  for (const std::string& n : p.chain_notes) o << "chain " << n << "\n";
+  if (!p.whole_model_note.empty()) o << p.whole_model_note << "\n";
+  if (p.packed) o << "padding-free: " << p.T << " packed rows for " << int64_t(B) * S << " positions\n";
+  o << "graphs: "
+    << (!routes.graphs ? "off (HK_GRAPH=0)"
+        : !p.graph_note.empty() ? "off for this B: " + p.graph_note
+                                : std::string("on"))
+    << "\n";
+  o << describe_plan(p.kernels, steps);
+  auto gemm_line = [&o](const char* step, const GemmNode& g) {
+    if (!g.built() || (!g.nk && !g.kn)) return;  // not made: no kernel of the plan used it
+    const LtGemm& a = g.active();
+    const GemmShape& s = a.shape();
+    o << "gemm " << step << " [" << to_string(s.epilogue) << "] rows " << s.rows << " n " << s.n << " k " << s.k
+      << ": ";
+    if (g.use_mma >= 0) {
+      o << "[N,K] weights, " << small_gemm_name(s.rows, s.n, s.k, g.mma[size_t(g.use_mma)]) << " (measured against "
+        << a.candidates().size() << " cuBLASLt candidates)\n";
+      return;
+    }
+    o << (g.use_kn ? "[K,N]" : "[N,K]") << " weights, " << a.candidates().size() << " candidates, using #"
+      << a.selected() << " (" << a.describe() << ")\n";
+  };
+  gemm_line("qkv_proj", p.qkv);
+  gemm_line("out_proj", p.out);
+  gemm_line("ffn_in", uses("epilogue") ? p.ffn_in_tanh : p.ffn_in);
+  gemm_line("ffn_out", p.ffn_out);
+  if (!p.decisions.empty()) {
+    o << "decisions (candidate times in ms; the first candidate is the default):\n";
+    for (const tune::Decision& d : p.decisions) o << "  " << d.describe() << "\n";
+  }
+  return o.str();
 }
 
 }  // namespace hk::cuda

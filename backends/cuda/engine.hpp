@@ -137,6 +137,9 @@ class CudaEngine : public Engine {
 
   // Of the plan of B used last (dense or padding-free).
   TuneReport tune_report(int B) const;
+  // explain() of the plan of B used last (dense or padding-free), without planning anything;
+  // "" when B has not run.
+  std::string explain_last(int B) const;
   // Token rows the plan of (B, tokens) runs on: B * S (dense) or the padding-free bucket.
   int64_t plan_rows(int B, int64_t tokens) const;
 

@@ -21,7 +21,9 @@
 //
 // Usage: hk_bench_cuda [--cases path/cases.csv] [--only 1,2,6] [--precision fast|fp32]
 //                      [--reps N] [--tune env|off|on|both] [--tune-cache DIR]
-//                      [--lengths random|full]
+//                      [--lengths random|full] [--plans FILE]
+// --plans FILE: each case's plan as it ran (explain of the plan used: kernels, GEMM algorithms,
+// every decision with its candidates' times) is appended to FILE.
 //                      [google benchmark flags]
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
@@ -75,6 +77,7 @@ int g_reps = 0;  // 0: adaptive
 bool g_full = false;  // --lengths full: every sequence at full length (no padding to skip)
 hk::Precision g_precision = hk::Precision::fast;
 std::string g_tune_cache;
+std::string g_plans;  // --plans FILE
 
 enum class Tune { env, off, on };
 struct Result {
@@ -199,6 +202,13 @@ void bench_case(benchmark::State& state, Case c, Tune tune) {
     res.measure_ms = first.measure_ms;
   }
   state.SetLabel(engine.device() + (routes.tune ? ", tuned" : ", untuned"));
+  if (!g_plans.empty()) {
+    if (std::FILE* f = std::fopen(g_plans.c_str(), "a")) {
+      std::fprintf(f, "==== case %d (%s, %s lengths): %.4f ms\n%s\n", c.id, routes.tune ? "tuned" : "untuned",
+                   g_full ? "full" : "random", ms[reps / 2], engine.explain_last(c.B).c_str());
+      std::fclose(f);
+    }
+  }
 
   for (auto& e : ev) cudaEventDestroy(e);
   if (routes.tune) {
@@ -242,6 +252,7 @@ int main(int argc, char** argv) {
     else if (a == "--precision") g_precision = hk::precision_from_string(value("--precision"));
     else if (a == "--tune") tune_mode = value("--tune");
     else if (a == "--tune-cache") g_tune_cache = value("--tune-cache");
+    else if (a == "--plans") g_plans = value("--plans");
     else if (a == "--lengths") {
       const std::string v = value("--lengths");
       if (v != "random" && v != "full") throw std::runtime_error("--lengths takes random or full");

@@ -36,6 +36,8 @@
 #                       threads must not share one core, and the host BLAS thread count (the
 #                       kokkos backend's bits) must not follow the binding]
 #   HK_MGPU_WORK        scratch folder, removed at the end [/tmp/hk-mgpu]
+#   HK_MGPU_FORWARD_ARGS  extra hk_forward options for every run, 1- and N-rank alike
+#                       (e.g. --no-fork-validate, to tell the validation child's share apart) []
 set -u
 pkg=${HK_PKG:-/tmp/hk-pkg}
 OUT=${OUT:-/tmp/hk-out}
@@ -118,7 +120,7 @@ run() {
   # shellcheck disable=SC2086
   HK_MPIIO_WRITE=$mode timeout "${HK_MGPU_RUN_TIMEOUT:-300}" mpirun --allow-run-as-root --oversubscribe \
     -x HK_MPIIO_WRITE $mpirun_args -np "$np" \
-    hk_forward --backend "$backend" --precision "$precision" --chunk "$chunk" --stats \
+    hk_forward --backend "$backend" --precision "$precision" --chunk "$chunk" --stats ${HK_MGPU_FORWARD_ARGS:-} \
     --input "$work/in$b.h5" --output "$output" ${HK_MGPU_TRACE:+--trace "$OUT/mgpu-trace-$label.json"} \
     > "$work/logs/$label.log" 2>&1
   rc=$?
@@ -310,6 +312,7 @@ print("RESULT: %s" % ("PASS" if ok else "FAIL"))
 PY
 rc=$?
 echo "disk (dd 1 GiB, oflag=direct, fsync): $disk_line" >> "$txt"
+echo "hk_forward extra options: ${HK_MGPU_FORWARD_ARGS:-(none)}" >> "$txt"
 cat "$txt"
 rm -rf "$work"
 [ $rc -eq 0 ] || exit 2

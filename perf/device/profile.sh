@@ -11,7 +11,9 @@
 #   launch order. ncu serialises kernels and flushes caches between them, so the sum of the
 #   durations is an upper bound of the graph-replayed forward, not its time.
 # Environment: HK_PROFILE_KERNELS (kernels to record per case, default 60), NCU (the ncu
-#   executable, default PATH then /usr/local/cuda/bin/ncu).
+#   executable, default PATH then /usr/local/cuda/bin/ncu), HK_PROFILE_STALLS=1: also the issue
+#   rate, active warps, tensor-pipe use and the warp stall reasons of each kernel (a second table:
+#   the four largest reasons in warp cycles per issued instruction).
 set -u
 bin=$1 cases=$2 work=$3 out=$4
 shift 4
@@ -21,6 +23,11 @@ ncu=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
 mkdir -p "$work"
 : > "$out"
 metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__registers_per_thread
+reasons="long_scoreboard short_scoreboard mio_throttle math_pipe_throttle wait barrier lg_throttle not_selected dispatch_stall no_instruction branch_resolving membar drain tex_throttle"
+if [ "${HK_PROFILE_STALLS:-0}" = 1 ]; then
+  metrics=$metrics,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+  for r in $reasons; do metrics=$metrics,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio; done
+fi
 rc_all=0
 for c in "${list[@]}"; do
   cache=$work/tune-$c
@@ -72,6 +79,20 @@ for k in order:
         d.get("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed", 0.0),
         int(d.get("launch__grid_size", 0) or 0), int(d.get("launch__registers_per_thread", 0) or 0)))
 print("\nsum of recorded kernel durations: %.1f us (%d kernels)" % (total, len(order)))
+stall = "smsp__average_warps_issue_stalled_"
+if any(m.startswith(stall) for d in rows.values() for m in d):
+    print("\n| # | kernel | issue % | warps active % | tensor % | largest stalls (warp cycles per issued instruction) |")
+    print("|---|---|---|---|---|---|")
+    for k in order:
+        d = rows[k]
+        st = sorted(((v, m[len(stall):].replace("_per_issue_active.ratio", "")) for m, v in d.items()
+                     if m.startswith(stall) and isinstance(v, float)), reverse=True)[:4]
+        name = d["name"] if len(d["name"]) < 50 else d["name"][:47] + "..."
+        print("| %s | %s | %.0f | %.0f | %.0f | %s |" % (
+            k, name, d.get("smsp__issue_active.avg.pct_of_peak_sustained_active", 0.0),
+            d.get("sm__warps_active.avg.pct_of_peak_sustained_active", 0.0),
+            d.get("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", 0.0),
+            ", ".join("%s %.1f" % (n, v) for v, n in st)))
 PY
 done
 exit $rc_all

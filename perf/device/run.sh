@@ -7,6 +7,7 @@
 #   sanitizer.log    compute-sanitizer memcheck / racecheck / initcheck / synccheck (sanitize.sh)
 #   accuracy.log     hk_forward vs the float64 PyTorch reference per case
 #   bench_hk.json    Google Benchmark JSON of hk's forward per case: untuned and tuned (random lengths)
+#   plans.txt        each benchmarked case's plan as it ran (kernels, GEMM algorithms, decisions with times)
 #   bench_full.json  the same, tuned, every sequence at full length (phase bench_full)
 #   bench_nopack.json  tuned with HK_PACK=0: the dense plans, for the padding-free gain (phase bench_nopack)
 #   bench_nopdl.json   tuned with HK_PDL=0: ordinary launches, for the programmatic-launch gain (phase bench_nopdl)
@@ -161,7 +162,7 @@ if want bench; then
   stamp "bench"
   if [ -x "$pkg/bin/hk_bench_cuda" ]; then
     (cd "$share" && hk_bench_cuda --benchmark_format=console --benchmark_out="$OUT/bench_hk.json" \
-       --benchmark_out_format=json ${HK_BENCH_ARGS:-}) 2>&1 | tail -40
+       --benchmark_out_format=json --plans "$OUT/plans.txt" ${HK_BENCH_ARGS:-}) 2>&1 | tail -40
   else
     echo "hk_bench_cuda not built"
   fi
@@ -325,13 +326,14 @@ if want e2e; then
   cat "$e2e_txt"
 fi
 
-if want profile && [ -x "$share/profile.sh" ]; then
+if want profile && [ -x "$root/perf/device/profile.sh" ]; then
   stamp "profile"
   # Not in the default list: ncu per-kernel table of the tuned forward (roofline account).
+  # The tree's script (it travels with the call), not the stage's copy.
   # shellcheck disable=SC2086
-  "$share/profile.sh" "$pkg/bin" "$share/cases.csv" "$work/prof" "$OUT/profile.md" ${HK_PROFILE_CASES:-2 6} 2>&1 | tail -5
+  "$root/perf/device/profile.sh" "$pkg/bin" "$share/cases.csv" "$work/prof" "$OUT/profile.md" ${HK_PROFILE_CASES:-2 6} 2>&1 | tail -5
   status[profile]=${PIPESTATUS[0]}
-  tail -40 "$OUT/profile.md"
+  tail -60 "$OUT/profile.md"
 fi
 
 if want multigpu; then
