@@ -992,7 +992,9 @@ void CudaEngine::Impl::build_table(Plan& p) {
         post_attn_fused(q, c.stream, P->post_attn_configs[P->post_attn_config]);
       }
     };
-    p.post_attn_configs = post_attn_fused_candidates(cfg.d_model, cfg.ffn_dim, p.T);
+    // The tanh-form GELU only where the erf-form route could also be swapped for cuBLASLt's tanh
+    // epilogue: fast precision (chains run only there) and HK_GELU not pinned to erf.
+    p.post_attn_configs = post_attn_fused_candidates(cfg.d_model, cfg.ffn_dim, p.T, pin_gelu != "erf");
     const size_t self_index = t.size();
     // Its launch configuration (warps per CTA, o prefetch, column split) is its own measured decision, made
     // once per plan on the first layer's chain (every layer has the same shape).
@@ -1003,11 +1005,11 @@ void CudaEngine::Impl::build_table(Plan& p) {
       for (const PostAttnConfig& pc : P->post_attn_configs)
         cands.push_back({"w" + std::to_string(pc.warps) + "p" + std::to_string(pc.prefetch) +
                              (pc.split > 0 ? "s" + std::to_string(pc.split) : std::string()) +
-                             (pc.reg_weights ? "r" : ""),
+                             (pc.reg_weights ? "r" : "") + (pc.gelu_tanh ? "t" : ""),
                          std::string("warps ") + (pc.warps > 0 ? std::to_string(pc.warps) : "auto") + ", prefetch " +
                              (pc.prefetch < 0 ? "auto" : std::to_string(pc.prefetch)) +
                              (pc.split > 0 ? ", " + std::to_string(pc.split) + " warps per row block" : std::string()) +
-                             (pc.reg_weights ? ", weights in registers" : "")});
+                             (pc.reg_weights ? ", weights in registers" : "") + (pc.gelu_tanh ? ", tanh GELU" : "")});
       const tune::TuneKey key = E->key(*P, "post_attn.config", {"backends/cuda/post_attn_fused"});
       const Kernel<Ctx>* self = &P->table[self_index];
       const size_t at = size_t(first - E->steps.data());
@@ -2001,10 +2003,15 @@ std::string CudaEngine::Impl::explain_plan(const Plan& p, int B) const {
   } else {
     o << "tuning: off (every decision takes its default or its pin)\n";
   }
+  bool chain_tanh = false;
+#if HK_CUDA_HAVE_POST_ATTN_FUSED
+  chain_tanh = uses("post_attn") && p.post_attn_config < p.post_attn_configs.size() &&
+               p.post_attn_configs[p.post_attn_config].gelu_tanh != 0;
+#endif
   o << "gelu: "
     << (uses("epilogue") ? "cuBLASLt tanh epilogue" + std::string(pin_gelu == "epilogue" ? " (HK_GELU=epilogue)" : " (measured)")
                          : "exact erf pass" + (p.gelu_note.empty() ? std::string() : " (" + p.gelu_note + ")"))
-    << "\n";
+    << (chain_tanh ? "; tanh form inside the fused post-attention chain (measured)" : "") << "\n";
   std::string att = "flash";
   for (const char* id : {"flash.q64", "flash.q16", "cudnn", "materialized", "qkv_attention"})
     if (uses(id)) att = id;

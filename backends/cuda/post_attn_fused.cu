@@ -149,18 +149,41 @@ __device__ __forceinline__ float gelu_of_f16(float z) {
   return 0.5f * r * (1.f + erff(r * 0.70710678118654752f));
 }
 
+// The tanh form of GELU, 0.5 r (1 + tanh(sqrt(2/pi) (r + 0.044715 r^3))), with the hardware tanh
+// (tanh.approx.f32, relative error ~2^-11): 8 instructions against ~22 for the erf form (erff is a
+// polynomial and an exp2). Not the model's exact GELU: a fast-precision candidate only, which the
+// tuner's numeric guard must accept against the erf form (as cuBLASLt's tanh epilogue).
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float gelu_tanh_of_f16(float z) {
+  const float r = __half2float(__float2half_rn(z));
+  const float hr = 0.5f * r;
+  return fmaf(hr, tanh_approx(r * fmaf(0.0356774081f, r * r, 0.7978845608f)), hr);
+}
+template <bool kTanh>
+__device__ __forceinline__ float gelu_act(float z) {
+  if constexpr (kTanh) {
+    return gelu_tanh_of_f16(z);
+  } else {
+    return gelu_of_f16(z);
+  }
+}
+
 // acc[NT][4] += GELU(c) * B, with c = one ffn chunk's fp32 accumulators (16 x 8 CT). The GELU of
 // n8 tiles 2s, 2s+1 (C layout) is the A fragment of k step s (A layout), so the activation never
 // leaves registers; it is formed right before its k step to keep few fragments live.
-template <int NT, int CT, int SB>
+template <int NT, int CT, int SB, bool kTanh = false>
 __device__ __forceinline__ void gelu_mma(float (&acc)[NT][4], const float (&c)[CT][4], uint32_t b_addr) {
 #pragma unroll
   for (int ks = 0; ks < CT / 2; ++ks) {
     uint32_t a[4];
-    a[0] = pack_half2(gelu_of_f16(c[2 * ks][0]), gelu_of_f16(c[2 * ks][1]));
-    a[1] = pack_half2(gelu_of_f16(c[2 * ks][2]), gelu_of_f16(c[2 * ks][3]));
-    a[2] = pack_half2(gelu_of_f16(c[2 * ks + 1][0]), gelu_of_f16(c[2 * ks + 1][1]));
-    a[3] = pack_half2(gelu_of_f16(c[2 * ks + 1][2]), gelu_of_f16(c[2 * ks + 1][3]));
+    a[0] = pack_half2(gelu_act<kTanh>(c[2 * ks][0]), gelu_act<kTanh>(c[2 * ks][1]));
+    a[1] = pack_half2(gelu_act<kTanh>(c[2 * ks][2]), gelu_act<kTanh>(c[2 * ks][3]));
+    a[2] = pack_half2(gelu_act<kTanh>(c[2 * ks + 1][0]), gelu_act<kTanh>(c[2 * ks + 1][1]));
+    a[3] = pack_half2(gelu_act<kTanh>(c[2 * ks + 1][2]), gelu_act<kTanh>(c[2 * ks + 1][3]));
 #pragma unroll
     for (int pp = 0; pp < NT / 2; ++pp) {
       uint32_t b[4];
@@ -273,7 +296,9 @@ __device__ __forceinline__ void store_ln_f16(const float (&acc)[NT][4], const Ro
 
 // ---- the kernel ----------------------------------------------------------------------------------
 // nbuf: warp tiles per warp (2: the next row block's o is loaded during this one; resident only).
-template <int DP, int FP, bool kPad>
+// kTanh: the ffn's GELU in its tanh form (gelu_tanh_of_f16); instantiated for the exact resident
+// kernels (d64, d128) only.
+template <int DP, int FP, bool kPad, bool kTanh = false>
 __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
     post_attn_kernel(const PostAttnParams p, int nbuf) {
   using T = Tile<DP, FP>;
@@ -492,7 +517,7 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
         float fa[NC / 8][4];
         init_ffn(fa, c);
         mma_smem_a<NC / 8, DP / 16, SA>(fa, tile + a_lane, s_wi + uint32_t((c * NC + b_row) * SA) * 2u + b_col);
-        gelu_mma<NT, NC / 8, T::kSWf>(acc, fa, s_wf + uint32_t(b_row * T::kSWf + c * NC) * 2u + b_col);
+        gelu_mma<NT, NC / 8, T::kSWf, kTanh>(acc, fa, s_wf + uint32_t(b_row * T::kSWf + c * NC) * 2u + b_col);
       }
       epilogue(acc, tile, row0);
       __syncwarp();  // every lane done with the tile before it is refilled
@@ -568,7 +593,7 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
         const uint32_t wi = next_stage();
         mma_smem_a<NC / 8, DP / 16, DP + 8>(fa, tile + a_lane, wi + uint32_t(b_row * (DP + 8)) * 2u + b_col);
         const uint32_t wf = next_stage();
-        gelu_mma<NT, NC / 8, NC + 8>(acc, fa, wf + uint32_t(b_row * (NC + 8)) * 2u + b_col);
+        gelu_mma<NT, NC / 8, NC + 8, kTanh>(acc, fa, wf + uint32_t(b_row * (NC + 8)) * 2u + b_col);
       }
       epilogue(acc, tile, row0);
       __syncwarp();
@@ -963,10 +988,10 @@ Variant pick_variant(int D, int F) {
 
 
 // Opts the kernel into the device's whole shared memory once per process (current device).
-template <int DP, int FP, bool kPad>
+template <int DP, int FP, bool kPad, bool kTanh = false>
 void raise_smem_limit() {
   static const bool done = [] {
-    HK_CUDA_CHECK(cudaFuncSetAttribute(post_attn_kernel<DP, FP, kPad>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    HK_CUDA_CHECK(cudaFuncSetAttribute(post_attn_kernel<DP, FP, kPad, kTanh>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        device_limits().smem_optin));
     return true;
   }();
@@ -989,10 +1014,10 @@ struct Resolved {
   bool exact = false;  // cfg's explicit fields are what runs (no clamping)
 };
 
-template <int DP, int FP, bool kPad>
+template <int DP, int FP, bool kPad, bool kTanh = false>
 Resolved resolve(const PostAttnConfig& cfg, int64_t rows, const DeviceLimits& lim) {
   using T = Tile<DP, FP>;
-  raise_smem_limit<DP, FP, kPad>();
+  raise_smem_limit<DP, FP, kPad, kTanh>();
   constexpr int kMaxWarps = max_warps<DP, FP, kPad>();
   Resolved r;
   r.warps = cfg.warps > 0 ? std::min(cfg.warps, kMaxWarps) : kMaxWarps;
@@ -1012,7 +1037,7 @@ Resolved resolve(const PostAttnConfig& cfg, int64_t rows, const DeviceLimits& li
   r.exact = (cfg.warps <= 0 || cfg.warps == r.warps) &&
             (cfg.prefetch < 0 || (cfg.prefetch == 1) == (r.nbuf == 2));
   r.smem = smem_bytes<DP, FP>(r.warps, r.nbuf);
-  HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.occ, post_attn_kernel<DP, FP, kPad>, r.warps * 32,
+  HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.occ, post_attn_kernel<DP, FP, kPad, kTanh>, r.warps * 32,
                                                               r.smem));
   if (r.occ < 1) throw std::invalid_argument("hk::post_attn[cuda.fused]: kernel does not fit on an SM");
   // Persistent: at most one wave; fewer CTAs when there is not enough work to deal out.
@@ -1022,23 +1047,36 @@ Resolved resolve(const PostAttnConfig& cfg, int64_t rows, const DeviceLimits& li
   return r;
 }
 
+// The tanh-GELU instantiation exists for the exact resident kernels only (d64, d128).
 template <int DP, int FP, bool kPad>
+constexpr bool has_tanh() {
+  return !kPad && Tile<DP, FP>::kResident;
+}
+
+template <int DP, int FP, bool kPad, bool kTanh = false>
 void launch(const PostAttnParams& p, cudaStream_t stream, const PostAttnConfig& cfg) {
-  const Resolved r = resolve<DP, FP, kPad>(cfg, p.rows, device_limits());
-  launch_pdl(post_attn_kernel<DP, FP, kPad>, dim3(unsigned(r.grid)), dim3(unsigned(r.warps * 32)), r.smem, stream, p,
-             r.nbuf);
+  if constexpr (has_tanh<DP, FP, kPad>() && !kTanh) {
+    if (cfg.gelu_tanh) return launch<DP, FP, kPad, true>(p, stream, cfg);
+  }
+  const Resolved r = resolve<DP, FP, kPad, kTanh>(cfg, p.rows, device_limits());
+  launch_pdl(post_attn_kernel<DP, FP, kPad, kTanh>, dim3(unsigned(r.grid)), dim3(unsigned(r.warps * 32)), r.smem,
+             stream, p, r.nbuf);
   HK_CUDA_CHECK_LAUNCH();
 }
 
 template <int DP, int FP, bool kPad>
 PostAttnConfig effective(int64_t rows, const PostAttnConfig& cfg) {
-  const Resolved r = resolve<DP, FP, kPad>(cfg, rows, device_limits());
-  return PostAttnConfig{r.warps, r.nbuf == 2 ? 1 : 0};
+  const bool tanh = has_tanh<DP, FP, kPad>() && cfg.gelu_tanh != 0;
+  const Resolved r = tanh ? resolve<DP, FP, kPad, has_tanh<DP, FP, kPad>()>(cfg, rows, device_limits())
+                          : resolve<DP, FP, kPad>(cfg, rows, device_limits());
+  PostAttnConfig e{r.warps, r.nbuf == 2 ? 1 : 0};
+  e.gelu_tanh = tanh ? 1 : 0;
+  return e;
 }
 
 // See post_attn_fused_candidates in the header for the reasons of each group.
 template <int DP, int FP, bool kPad>
-std::vector<PostAttnConfig> candidates(int64_t rows) {
+std::vector<PostAttnConfig> candidates(int64_t rows, bool tanh_gelu) {
   using T = Tile<DP, FP>;
   const DeviceLimits lim = device_limits();
   std::vector<PostAttnConfig> out{PostAttnConfig{}};
@@ -1072,6 +1110,16 @@ std::vector<PostAttnConfig> candidates(int64_t rows) {
     for (int w = d.warps / 2; w >= 1 && prev.grid < int64_t(prev.occ) * lim.sms; w /= 2) {
       add(PostAttnConfig{w, -1});
       prev = resolve<DP, FP, kPad>(PostAttnConfig{w, -1}, rows, lim);
+    }
+  }
+  if (tanh_gelu && has_tanh<DP, FP, kPad>()) {
+    // The same launch shapes with the tanh-form GELU (its own instantiation: same warps, same
+    // shared memory; resolve() of either gives the same shape).
+    const size_t n = out.size();
+    for (size_t i = 0; i < n; ++i) {
+      PostAttnConfig c = out[i];
+      c.gelu_tanh = 1;
+      out.push_back(c);
     }
   }
   return out;
@@ -1209,11 +1257,13 @@ bool post_attn_fused_supports(int D, int F) {
     case Variant::d64:
       if (!fits_device<64, 64>()) return false;
       raise_smem_limit<64, 64, false>();
+      raise_smem_limit<64, 64, false, true>();
       raise_split_smem_limits<64, 64>();
       return true;
     case Variant::d128:
       if (!fits_device<128, 128>()) return false;
       raise_smem_limit<128, 128, false>();
+      raise_smem_limit<128, 128, false, true>();
       raise_split_smem_limits<128, 128>();
       return true;
     case Variant::d256:
@@ -1264,16 +1314,16 @@ PostAttnConfig post_attn_fused_effective(int D, int F, int64_t rows, const PostA
   }
 }
 
-std::vector<PostAttnConfig> post_attn_fused_candidates(int D, int F, int64_t rows) {
+std::vector<PostAttnConfig> post_attn_fused_candidates(int D, int F, int64_t rows, bool tanh_gelu) {
   if (!post_attn_fused_supports(D, F)) return {};
   rows = std::max<int64_t>(rows, 1);
   std::vector<PostAttnConfig> out;
   switch (pick_variant(D, F)) {
-    case Variant::d64: out = candidates<64, 64, false>(rows); break;
-    case Variant::d128: out = candidates<128, 128, false>(rows); break;
-    case Variant::d256: out = candidates<256, 256, false>(rows); break;
-    case Variant::pad128: out = candidates<128, 128, true>(rows); break;
-    default: out = candidates<256, 256, true>(rows); break;
+    case Variant::d64: out = candidates<64, 64, false>(rows, tanh_gelu); break;
+    case Variant::d128: out = candidates<128, 128, false>(rows, tanh_gelu); break;
+    case Variant::d256: out = candidates<256, 256, false>(rows, tanh_gelu); break;
+    case Variant::pad128: out = candidates<128, 128, true>(rows, tanh_gelu); break;
+    default: out = candidates<256, 256, true>(rows, tanh_gelu); break;
   }
   if (split_supported(D, F)) {
     if (D == 64) {

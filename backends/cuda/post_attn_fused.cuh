@@ -69,14 +69,21 @@ struct PostAttnParams {
 //              in registers, loaded from L2 before the kernel waits for its predecessor
 //              (programmatic dependent launch), one row block per CTA of 8 warps; 0 = the CTA's
 //              weights staged in shared memory.
+//   gelu_tanh: 1 (exact resident kernels d64 / d128 only, row per warp; ignored elsewhere) = the
+//              ffn's GELU in its tanh form 0.5 r (1 + tanh(sqrt(2/pi) (r + 0.044715 r^3))) with
+//              the hardware tanh approximation, ~1/3 of the erf form's instructions. Not the
+//              model's exact GELU (|difference| < 1e-3 on fp16-rounded inputs): a fast-precision
+//              candidate that a tuner must check against the erf form, as cuBLASLt's tanh epilogue.
 struct PostAttnConfig {
   int warps = 0;
   int prefetch = -1;
   int split = 0;
   int reg_weights = 0;
+  int gelu_tanh = 0;
 };
 inline bool operator==(const PostAttnConfig& a, const PostAttnConfig& b) {
-  return a.warps == b.warps && a.prefetch == b.prefetch && a.split == b.split && a.reg_weights == b.reg_weights;
+  return a.warps == b.warps && a.prefetch == b.prefetch && a.split == b.split && a.reg_weights == b.reg_weights &&
+         a.gelu_tanh == b.gelu_tanh;
 }
 
 // True when this build can run (D, F): D and F multiples of 8 with D <= 256 and F <= 256.
@@ -98,7 +105,7 @@ void post_attn_fused(const PostAttnParams& p, cudaStream_t stream, const PostAtt
 // The configuration a launch of (D, F, rows) with `config` would run on the current device, after
 // clamping to the kernel's limits and its shared memory: warps > 0 and prefetch 0 / 1 (always 0
 // for the streamed and column-split kernels), split and reg_weights as run when (D, F) has the
-// column-split kernel (else 0). {0, -1, 0, 0} if (D, F) is unsupported.
+// column-split kernel (else 0), gelu_tanh as run. {0, -1, 0, 0, 0} if (D, F) is unsupported.
 PostAttnConfig post_attn_fused_effective(int D, int F, int64_t rows, const PostAttnConfig& config);
 
 // Configurations worth timing for (D, F, rows) on the current device, the automatic one first
@@ -114,8 +121,10 @@ PostAttnConfig post_attn_fused_effective(int D, int F, int64_t rows, const PostA
 //     CTAs: idle warps and smem the row blocks do not use);
 //   column-split kernel (D = F = 64 or 128), last: 8 warps per row block with the weights in
 //     registers, then with them in shared memory and 1 and 2 row blocks per CTA, 4 warps per row
-//     block with 2 and 4 (while there are at most 16 row blocks per SM; beyond that only 8 x 2).
-std::vector<PostAttnConfig> post_attn_fused_candidates(int D, int F, int64_t rows);
+//     block with 2 and 4 (while there are at most 16 row blocks per SM; beyond that only 8 x 2);
+//   with tanh_gelu (fast precision, the exact GELU not pinned) and an exact resident kernel: each
+//     row-per-warp entry above again with gelu_tanh = 1, before the column-split entries.
+std::vector<PostAttnConfig> post_attn_fused_candidates(int D, int F, int64_t rows, bool tanh_gelu = false);
 
 // Profiler name of the kernel (D, F) runs on, e.g. "hk::post_attn[cuda.fused.d128]",
 // "hk::post_attn[cuda.fused.d256.stream]", "hk::post_attn[cuda.fused.pad128]"; "" if unsupported.

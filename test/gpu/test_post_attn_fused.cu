@@ -167,8 +167,9 @@ void layer_norm(const std::vector<double>& x, const float* w, const float* b, do
 }
 
 // The chain for one row: x_out (fp32 residual after the layer) and the final LayerNorm (h_out or y).
+// tanh_gelu: the GELU in its tanh form (the kernels' gelu_tanh configurations), else the exact erf.
 void reference_row(const Model& m, const __half* o, const float* x, double eps, std::vector<double>& x_out,
-                   std::vector<double>& ln_out) {
+                   std::vector<double>& ln_out, bool tanh_gelu = false) {
   const int D = m.D, F = m.F;
   std::vector<double> od(D), x1(D), h, z(F);
   for (int k = 0; k < D; ++k) od[size_t(k)] = h2d(o[k]);
@@ -183,7 +184,9 @@ void reference_row(const Model& m, const __half* o, const float* x, double eps, 
     double s = 0;
     for (int k = 0; k < D; ++k) s += h[size_t(k)] * m.w_in_d[size_t(n) * D + k];
     const double zz = round_f16(s + m.b_in_d[size_t(n)]);
-    z[n] = round_f16(0.5 * zz * (1.0 + std::erf(zz / std::sqrt(2.0))));
+    const double phi = tanh_gelu ? 0.5 * (1.0 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (zz + 0.044715 * zz * zz * zz)))
+                                 : 0.5 * (1.0 + std::erf(zz / std::sqrt(2.0)));
+    z[n] = round_f16(zz * phi);
   }
   x_out.resize(D);
   for (int n = 0; n < D; ++n) {
@@ -353,7 +356,7 @@ Outcome run_case(const Case& c, uint64_t seed) {
       }
       continue;
     }
-    reference_row(m, &o[size_t(r) * D], &x[size_t(r) * D], eps, rx, rln);
+    reference_row(m, &o[size_t(r) * D], &x[size_t(r) * D], eps, rx, rln, c.cfg.gelu_tanh != 0);
     for (int k = 0; k < D; ++k) {
       const size_t i = size_t(r) * D + k;
       if (!c.tail) {
@@ -397,7 +400,8 @@ std::string cfg_name(const PostAttnConfig& c) {
   if (c.warps == 0 && c.prefetch < 0 && c.split == 0) return "auto";
   return "w" + (c.warps ? std::to_string(c.warps) : std::string("-")) + ".pf" +
          (c.prefetch < 0 ? std::string("-") : std::to_string(c.prefetch)) +
-         (c.split > 0 ? ".s" + std::to_string(c.split) : std::string()) + (c.reg_weights ? "r" : "");
+         (c.split > 0 ? ".s" + std::to_string(c.split) : std::string()) + (c.reg_weights ? "r" : "") +
+         (c.gelu_tanh ? ".tanh" : "");
 }
 
 // ---- shared setup of the extra checks ------------------------------------------------------------
@@ -978,12 +982,22 @@ int main() {
   std::vector<Case> cand_cases;
   for (const auto& sh : {std::pair<int, int>{64, 64}, {128, 128}, {256, 256}, {96, 160}, {128, 256}}) {
     for (const int64_t rows : {int64_t(128), int64_t(1000), int64_t(8192)}) {
-      const std::vector<PostAttnConfig> cands = hk::cuda::post_attn_fused_candidates(sh.first, sh.second, rows);
+      // With the tanh-GELU entries (exact resident kernels); each is checked against a reference with
+      // the same GELU form.
+      const std::vector<PostAttnConfig> cands = hk::cuda::post_attn_fused_candidates(sh.first, sh.second, rows, true);
       bool ok = !cands.empty() && cands[0] == PostAttnConfig{};
+      const bool resident = (sh.first == 64 && sh.second == 64) || (sh.first == 128 && sh.second == 128);
+      size_t tanh_entries = 0;
+      for (const PostAttnConfig& pc : cands) tanh_entries += pc.gelu_tanh ? 1 : 0;
+      // Exactly the row-per-warp entries again, for the exact resident kernels; none elsewhere.
+      size_t row_per_warp = 0;
+      for (const PostAttnConfig& pc : cands) row_per_warp += pc.split == 0 && !pc.gelu_tanh ? 1 : 0;
+      if (tanh_entries != (resident ? row_per_warp : 0)) ok = false;
       std::vector<PostAttnConfig> runs;
       std::string list;
       for (size_t i = 0; i < cands.size(); ++i) {
         const PostAttnConfig eff = hk::cuda::post_attn_fused_effective(sh.first, sh.second, rows, cands[i]);
+        if (eff.gelu_tanh != cands[i].gelu_tanh) ok = false;
         if (i > 0 && (eff.warps != cands[i].warps || eff.split != cands[i].split ||
                       eff.reg_weights != cands[i].reg_weights ||
                       (cands[i].prefetch >= 0 && eff.prefetch != cands[i].prefetch))) {
@@ -992,7 +1006,7 @@ int main() {
         if (std::find(runs.begin(), runs.end(), eff) != runs.end()) ok = false;
         runs.push_back(eff);
         list += " " + cfg_name(cands[i]) + "[" + std::to_string(eff.warps) + "." + std::to_string(eff.prefetch) +
-                (eff.split > 0 ? ".s" + std::to_string(eff.split) : std::string()) + (eff.reg_weights ? "r" : "") + "]";
+                (eff.split > 0 ? ".s" + std::to_string(eff.split) : std::string()) + (eff.reg_weights ? "r" : "") + (eff.gelu_tanh ? "t" : "") + "]";
         Case c;
         c.D = sh.first;
         c.F = sh.second;
@@ -1047,6 +1061,10 @@ int main() {
       {"case6 layer", 128, 128, 1280000, false, {8, 0}},
       {"case6 layer", 128, 128, 1280000, false, {6, 1}},
       {"case6 layer", 128, 128, 1280000, false, {16, 0, 8}},
+      {"case6 layer", 128, 128, 1280000, false, {0, -1, 0, 0, 1}},
+      {"case6 tail", 128, 128, 1280000, true, {0, -1, 0, 0, 1}},
+      {"case6 packed layer", 128, 128, 683264, false, {}},
+      {"case6 packed layer", 128, 128, 683264, false, {0, -1, 0, 0, 1}},
       {"case1 layer", 128, 128, 8192, false, {}},
       {"case1 layer", 128, 128, 8192, false, {8, 0, 8}},
       {"case1 layer", 128, 128, 8192, false, {16, 0, 8}},
@@ -1056,6 +1074,7 @@ int main() {
       {"case1 packed layer", 128, 128, 4352, false, {16, 0, 8}},
       {"case1 packed layer", 128, 128, 4352, false, {16, 0, 4}},
       {"case1 packed layer", 128, 128, 4352, false, {8, 0, 8, 1}},
+      {"case1 packed layer", 128, 128, 4352, false, {0, -1, 0, 0, 1}},
       {"case2 layer", 128, 128, 128, false, {}},
       {"case2 layer", 128, 128, 128, false, {8, 0, 8}},
       {"case2 layer", 128, 128, 128, false, {16, 0, 8}},
@@ -1073,6 +1092,7 @@ int main() {
       {"case12 layer", 256, 256, 16384, false, {}},
       {"d256 1.28M layer", 256, 256, 1280000, false, {}},
       {"d64 1.28M layer", 64, 64, 1280000, false, {}},
+      {"d64 1.28M layer", 64, 64, 1280000, false, {0, -1, 0, 0, 1}},
   };
   for (const auto& t : shapes_t) time_shape(t, copy_gbs);
   return failures == 0 ? 0 : 1;
