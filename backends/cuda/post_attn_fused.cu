@@ -1115,9 +1115,10 @@ std::vector<PostAttnConfig> candidates(int64_t rows, bool tanh_gelu) {
   if (tanh_gelu && has_tanh<DP, FP, kPad>()) {
     // The same launch shapes with the tanh-form GELU (its own instantiation: same warps, same
     // shared memory; resolve() of either gives the same shape).
+    // Explicit warps and prefetch (what the erf entry runs), so that each runs exactly as given.
     const size_t n = out.size();
     for (size_t i = 0; i < n; ++i) {
-      PostAttnConfig c = out[i];
+      PostAttnConfig c = effective<DP, FP, kPad>(rows, out[i]);
       c.gelu_tanh = 1;
       out.push_back(c);
     }

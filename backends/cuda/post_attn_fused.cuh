@@ -123,7 +123,8 @@ PostAttnConfig post_attn_fused_effective(int D, int F, int64_t rows, const PostA
 //     registers, then with them in shared memory and 1 and 2 row blocks per CTA, 4 warps per row
 //     block with 2 and 4 (while there are at most 16 row blocks per SM; beyond that only 8 x 2);
 //   with tanh_gelu (fast precision, the exact GELU not pinned) and an exact resident kernel: each
-//     row-per-warp entry above again with gelu_tanh = 1, before the column-split entries.
+//     row-per-warp entry above again as it runs (explicit warps and prefetch) with gelu_tanh = 1,
+//     before the column-split entries.
 std::vector<PostAttnConfig> post_attn_fused_candidates(int D, int F, int64_t rows, bool tanh_gelu = false);
 
 // Profiler name of the kernel (D, F) runs on, e.g. "hk::post_attn[cuda.fused.d128]",

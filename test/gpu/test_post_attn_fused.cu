@@ -397,7 +397,7 @@ Outcome run_case(const Case& c, uint64_t seed) {
 }
 
 std::string cfg_name(const PostAttnConfig& c) {
-  if (c.warps == 0 && c.prefetch < 0 && c.split == 0) return "auto";
+  if (c.warps == 0 && c.prefetch < 0 && c.split == 0) return c.gelu_tanh ? "auto.tanh" : "auto";
   return "w" + (c.warps ? std::to_string(c.warps) : std::string("-")) + ".pf" +
          (c.prefetch < 0 ? std::string("-") : std::to_string(c.prefetch)) +
          (c.split > 0 ? ".s" + std::to_string(c.split) : std::string()) + (c.reg_weights ? "r" : "") +
