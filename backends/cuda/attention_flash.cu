@@ -27,13 +27,13 @@ constexpr float kLog2e = 1.4426950408889634f;
 // f16: BK = keys per pipeline stage; q_in_regs = Q fragments held in registers for the whole key
 // loop (else re-read from shared memory by ldmatrix for every key tile). Per-warp registers are
 // about HD/2 (O accumulator) + BK/2 (scores) + HD/4 (Q, when in registers) fp32/b32 values.
-// kStages = K/V pipeline depth: 3 at hd 32 and 64 (two key tiles in flight while one is computed:
+// kStages = K/V pipeline depth: 3 up to hd 64 (two key tiles in flight while one is computed:
 // long sequences wait on memory otherwise, one 64-key tile is too little work to hide a load; the
-// extra stage leaves the blocks per SM unchanged); 2 where it would cost a block per SM (hd 128,
-// 256) or registers (hd 8, 16: spills; their heads are short work per tile anyway).
+// extra stage leaves the blocks per SM unchanged); 2 at hd 128 and 256, where it would cost a
+// block per SM (shared memory).
 template <int HD> struct F16Tile;
-template <> struct F16Tile<8>   { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  static constexpr int kStages = 2; };  // ex2-bound (16 MACs per score): 64 keys amortise the max/sum shuffles; QK^T by m16n8k8, no zero k half
-template <> struct F16Tile<16>  { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  static constexpr int kStages = 2; };  // ex2-bound as hd 8; K+V stage 6 KB, ~80 regs: 6 blocks/SM
+template <> struct F16Tile<8>   { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  static constexpr int kStages = 3; };  // ex2-bound (16 MACs per score): 64 keys amortise the max/sum shuffles; QK^T by m16n8k8, no zero k half
+template <> struct F16Tile<16>  { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  static constexpr int kStages = 3; };  // ex2-bound as hd 8; K+V stage 6 KB, ~77 regs: 6 blocks/SM
 template <> struct F16Tile<32>  { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  static constexpr int kStages = 3; };  // 64 keys = half of S=128, so causal skips the upper tile whole; ~80 regs, 36 KB (q64, 3 stages): 6 blocks/SM
 template <> struct F16Tile<64>  { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  static constexpr int kStages = 3; };  // ~130 regs (O 32 + S 32 + Q 16): 3 blocks/SM; 65 KB (3 stages)
 template <> struct F16Tile<128> { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  static constexpr int kStages = 2; };  // ~170 regs; 17 + 2x35 KB = 87 KB (q64): 2 blocks/SM, smem-limited

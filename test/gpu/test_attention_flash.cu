@@ -400,8 +400,8 @@ std::vector<Case> make_cases() {
           c.q_amp = (k % 3 == 1) ? 2.f : 1.f;
           cases.push_back(c);
         }
-  // Long sequences: many key tiles, the causal diagonal deep inside, lengths far from S (hd 32
-  // and 64 run the 3-stage key pipeline, the others the 2-stage one).
+  // Long sequences: many key tiles, the causal diagonal deep inside, lengths far from S (up to
+  // hd 64 the 3-stage key pipeline, above it the 2-stage one).
   for (DType dt : {DType::f16, DType::f32})
     for (int hd : {8, 32, 64, 128, 256})
       for (int S : {256, 1024})
