@@ -240,6 +240,10 @@ struct Plan {
   int order = 0;  // how many plans existed before this one
   int64_t T = 0;  // token rows: B * S, or the padding-free bucket
   bool packed = false;  // padding-free: rows are the packed valid tokens (+ zero rows up to T)
+  // Packed plans: the pack kernel writes the residual's packed copy (buf.x). Cleared once the plan
+  // is final when its first layer's post-attention step is the fused chain, which gathers the
+  // residual from the input rows itself; every measurement before that runs with the copy made.
+  bool pack_x = true;
   Shape shape;
   std::string shape_text;  // for tune keys
   AttentionParams attn;    // lengths bound per call
@@ -341,6 +345,7 @@ struct CudaEngine::Impl {
   void build_table(Plan& p);
   void make_kn_weights(const Model& model);
   void choose_plan(Plan& p, const Ctx& c);
+  void finish_plan(Plan& p) const;
   std::string explain_plan(const Plan& p, int B) const;
   std::vector<PlannedKernel<Ctx>> replan_forcing(Plan& p, const Ctx& c, const std::map<std::string, int>& forced);
   void decide_chains_in_forward(Plan& p, const Ctx& c);
@@ -674,6 +679,7 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B, int64_t rows) {
     try {
       choose_plan(*p, none);
       decide_whole_model(*p, none);  // only a pin (HK_CHAINS=persistent) applies untuned
+      finish_plan(*p);
     } catch (const Error& e) {
       std::string detail;
       if (!flash_route_supports(a))
@@ -708,7 +714,7 @@ void CudaEngine::Impl::pack_input(Plan& p, const Ctx& c, const DeviceLayerWeight
   k.S = S;
   k.D = cfg.d_model;
   k.Tcap = p.T;
-  k.x_packed = buf.x;
+  k.x_packed = p.pack_x ? buf.x : nullptr;
   k.h = buf.h;
   k.act = act;
   k.w = w0.ln1_w;
@@ -959,7 +965,11 @@ void CudaEngine::Impl::build_table(Plan& p) {
       const DeviceLayerWeights& w = E->weights->layer(l);
       PostAttnParams q;
       q.o = static_cast<const __half*>(E->buf.o);
-      q.x_in = l == 0 && !P->packed ? c.x : E->buf.x;
+      // Packed first layer (not the tail): the residual is read from the caller's padded input
+      // through row_dst (packed row -> input row), so the pack kernel need not copy it.
+      const bool gather = l == 0 && P->packed && !tail;
+      q.x_in = l == 0 && (!P->packed || gather) ? c.x : E->buf.x;
+      if (gather) q.x_rows = E->buf.row_dst;
       q.x_out = E->buf.x;
       q.w_o = static_cast<const __half*>(w.w_o);
       q.b_o = w.b_o;
@@ -1359,6 +1369,20 @@ int CudaEngine::Impl::choose_segment(Plan& p, const tune::Segment<Ctx>& seg, con
   return d.chosen;
 }
 
+// Once the kernels of a plan are final: whether the pack kernel must still copy the residual
+// (Plan::pack_x): not when the first layer's out_proj runs in the fused chain (it gathers).
+void CudaEngine::Impl::finish_plan(Plan& p) const {
+  if (!p.packed) return;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i].kind != StepKind::out_proj || steps[i].layer != 0) continue;
+    for (const auto& k : p.kernels) {
+      if (size_t(k.first) > i || size_t(k.first + k.count) <= i) continue;
+      const bool tail = steps[size_t(k.first + k.count) - 1].kind == StepKind::final_ln;
+      p.pack_x = !(p.meta[p.index_of(k.kernel)].id == "post_attn" && !tail);
+    }
+  }
+}
+
 void CudaEngine::Impl::choose_plan(Plan& p, const Ctx& c0) {
   Ctx c = c0;
   const bool measure = routes.tune;  // untuned: nothing runs here, the choices need no data
@@ -1627,6 +1651,7 @@ void CudaEngine::Impl::warm_up(Plan& p, const Ctx& c, cudaStream_t caller_stream
                                       cudaMemcpyDeviceToDevice, capture_stream));
       decide_whole_model(p, w);
     }
+    finish_plan(p);
     HK_CUDA_CHECK(cudaStreamSynchronize(capture_stream));
     seg_scratch = DeviceBuffer();
     inner_scratch = DeviceBuffer();
@@ -2020,7 +2045,9 @@ std::string CudaEngine::Impl::explain_plan(const Plan& p, int B) const {
     << (p.materialized_note.empty() ? "" : " (materialized not used: " + p.materialized_note + ")") << "\n";
   for (const std::string& n : p.chain_notes) o << "chain " << n << "\n";
   if (!p.whole_model_note.empty()) o << p.whole_model_note << "\n";
-  if (p.packed) o << "padding-free: " << p.T << " packed rows for " << int64_t(B) * S << " positions\n";
+  if (p.packed)
+    o << "padding-free: " << p.T << " packed rows for " << int64_t(B) * S << " positions"
+      << (p.pack_x ? "" : "; the first layer's chain reads the residual from the input rows (no packed copy)") << "\n";
   o << "graphs: "
     << (!routes.graphs ? "off (HK_GRAPH=0)"
         : !p.graph_note.empty() ? "off for this B: " + p.graph_note

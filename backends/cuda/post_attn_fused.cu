@@ -356,21 +356,26 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
   // spread, not of its magnitude (|x| ~ 1e4 would otherwise lose ~1e-3 per k step). LayerNorm is
   // shift-invariant, so the chain's LayerNorms read acc as it is. The bias is added after
   // out_proj: loaded here, it would sit in registers next to the x loads in flight.
-  auto row_offsets = [&](int64_t r0, int64_t r1, float& c0, float& c1) {
-    c0 = r0 < rows ? p.x_in[r0 * D] : 0.f;
-    c1 = r1 < rows ? p.x_in[r1 * D] : 0.f;
+  // Row of x_in holding chain row r's residual: r, or x_rows[r] (gathered); -1: zeros.
+  auto x_src = [&](int64_t r) -> int64_t {
+    if (r >= rows) return -1;
+    return p.x_rows != nullptr ? int64_t(p.x_rows[uint32_t(r)]) : r;
+  };
+  auto row_offsets = [&](int64_t s0, int64_t s1, float& c0, float& c1) {
+    c0 = s0 >= 0 ? p.x_in[s0 * D] : 0.f;
+    c1 = s1 >= 0 ? p.x_in[s1 * D] : 0.f;
   };
   auto load_x = [&](float (&acc)[NT][4], int64_t row0) {
-    const int64_t r0 = row0 + g, r1 = row0 + g + 8;
+    const int64_t s0 = x_src(row0 + g), s1 = x_src(row0 + g + 8);
     float c0, c1;
-    row_offsets(r0, r1, c0, c1);
+    row_offsets(s0, s1, c0, c1);
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       const int col = 8 * j + 2 * t;
       const bool cok = !kPad || col < D;
       float2 x0 = make_float2(0.f, 0.f), x1 = x0;
-      if (cok && r0 < rows) x0 = *reinterpret_cast<const float2*>(p.x_in + r0 * D + col);
-      if (cok && r1 < rows) x1 = *reinterpret_cast<const float2*>(p.x_in + r1 * D + col);
+      if (cok && s0 >= 0) x0 = *reinterpret_cast<const float2*>(p.x_in + s0 * D + col);
+      if (cok && s1 >= 0) x1 = *reinterpret_cast<const float2*>(p.x_in + s1 * D + col);
       // Columns past D (padded kernels) hold -c: finite, and never normalised, stored or
       // multiplied by anything but the zero padding of the weights and LayerNorm parameters.
       acc[j][0] = x0.x - c0;
@@ -408,7 +413,7 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
     if (!p.tail) {
       // The offsets again (x_out may be x_in: every lane reads them before any lane writes).
       float c0, c1;
-      row_offsets(r0, r1, c0, c1);
+      row_offsets(x_src(r0), x_src(r1), c0, c1);
       __syncwarp();
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
@@ -495,9 +500,17 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
           // x of the next block toward L2 (its register load cannot start before this block ends).
           const int64_t left = rows - next * kWarpRows;
           const int64_t nrows = left < kWarpRows ? left : kWarpRows;
-          const char* xb = reinterpret_cast<const char*>(p.x_in + next * kWarpRows * D);
-          const int lines = int((nrows * D * 4 + 127) / 128);
-          for (int l = lane; l < lines; l += 32) prefetch_l2(xb + l * 128);
+          if (p.x_rows == nullptr) {
+            const char* xb = reinterpret_cast<const char*>(p.x_in + next * kWarpRows * D);
+            const int lines = int((nrows * D * 4 + 127) / 128);
+            for (int l = lane; l < lines; l += 32) prefetch_l2(xb + l * 128);
+          } else {
+            const int per_row = (D * 4 + 127) / 128;
+            for (int l = lane; l < int(nrows) * per_row; l += 32) {
+              const int64_t sr = x_src(next * kWarpRows + l / per_row);
+              if (sr >= 0) prefetch_l2(reinterpret_cast<const char*>(p.x_in + sr * D) + (l % per_row) * 128);
+            }
+          }
         }
         cp_async_commit();
       }
@@ -856,15 +869,18 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
     const int64_t r0 = row0 + g, r1 = row0 + g + 8;
     // Every read of x_in happens here, before the group's first barrier of this block, and every
     // write of x_out after its later barriers: x_out may alias x_in (other warps' columns too).
-    const float c0 = r0 < rows ? p.x_in[r0 * D] : 0.f;
-    const float c1 = r1 < rows ? p.x_in[r1 * D] : 0.f;
+    // Rows of x_in (x_rows: gathered; < 0: zeros).
+    const int64_t s0 = r0 < rows ? (p.x_rows != nullptr ? int64_t(p.x_rows[uint32_t(r0)]) : r0) : -1;
+    const int64_t s1 = r1 < rows ? (p.x_rows != nullptr ? int64_t(p.x_rows[uint32_t(r1)]) : r1) : -1;
+    const float c0 = s0 >= 0 ? p.x_in[s0 * D] : 0.f;
+    const float c1 = s1 >= 0 ? p.x_in[s1 * D] : 0.f;
     float acc[NTW][4];
 #pragma unroll
     for (int j = 0; j < NTW; ++j) {
       const int col = w * CW + 8 * j + 2 * t;
       float2 x0 = make_float2(c0, c0), x1 = make_float2(c1, c1);
-      if (r0 < rows) x0 = *reinterpret_cast<const float2*>(p.x_in + r0 * D + col);
-      if (r1 < rows) x1 = *reinterpret_cast<const float2*>(p.x_in + r1 * D + col);
+      if (s0 >= 0) x0 = *reinterpret_cast<const float2*>(p.x_in + s0 * D + col);
+      if (s1 >= 0) x1 = *reinterpret_cast<const float2*>(p.x_in + s1 * D + col);
       acc[j][0] = x0.x - c0;
       acc[j][1] = x0.y - c0;
       acc[j][2] = x1.x - c1;
@@ -1242,6 +1258,9 @@ void validate(const PostAttnParams& p) {
   if (p.tail && !p.row_dst && p.S < 1) fail("S < 1 in the tail variant");
   if (p.tail && p.row_dst && static_cast<const void*>(p.y) == static_cast<const void*>(p.x_in)) {
     fail("y must not alias x_in with row_dst (rows move)");
+  }
+  if (p.x_rows && (p.tail || static_cast<const void*>(p.x_out) == static_cast<const void*>(p.x_in))) {
+    fail("x_rows (gathered residual) only outside the tail, with x_out another buffer than x_in");
   }
   if (!aligned(p.o, 16) || !aligned(p.w_o, 16) || !aligned(p.w_in, 16) || !aligned(p.w_out, 16)) {
     fail("o and the weights must be 16-byte aligned");

@@ -46,6 +46,11 @@ struct PostAttnParams {
   // (not written when row_dst[r] < 0; lengths and S are then ignored, and y must not alias
   // x_in). Null: y rows are the rows themselves. Ignored outside the tail.
   const int32_t* row_dst = nullptr;
+  // Non-tail, gathered residual: chain row r reads its residual from row x_rows[r] of x_in (a row
+  // < 0 reads zeros); x_in is then another buffer than x_out (the packed route's first layer
+  // reads the caller's padded input through rownorm.cuh's row_dst instead of a packed copy).
+  // Null: row r of x_in. Not allowed in the tail.
+  const int32_t* x_rows = nullptr;
   bool tail = false;
   int64_t rows = 0;
   int D = 0;

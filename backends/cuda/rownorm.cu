@@ -142,7 +142,7 @@ __device__ __forceinline__ bool row_is_padding(const RowNormArgs& a, int64_t row
 // Packed row t in [T, Tcap): zeros in every packed buffer, no source row.
 template <class OutT, int VEC, int TPR>
 __device__ __forceinline__ void zero_tail_row(const RowNormArgs& a, int64_t t, int tid) {
-  zero_row<float, VEC, TPR>(a.x_packed + t * a.D, a.D, tid);
+  if (a.x_packed != nullptr) zero_row<float, VEC, TPR>(a.x_packed + t * a.D, a.D, tid);
   zero_row<OutT, VEC, TPR>(static_cast<OutT*>(a.out) + t * a.D, a.D, tid);
   if (a.o != nullptr) zero_row<OutT, VEC, TPR>(static_cast<OutT*>(a.o) + t * a.D, a.D, tid);
   if (tid == 0) a.row_dst[t] = -1;
@@ -202,7 +202,7 @@ __device__ __forceinline__ bool route(const RowNormArgs& a, int64_t item, int ti
     if (tid == 0) a.row_dst[r] = int32_t(item);
     src = a.x + item * D;
     dst = out + r * D;
-    copy = a.x_packed + r * D;
+    copy = a.x_packed != nullptr ? a.x_packed + r * D : nullptr;
     return true;
   }
 }
@@ -235,10 +235,12 @@ __global__ void __launch_bounds__(TPR == kWarp ? kWarp * kMaxWarpRowsPerBlock : 
     }
   }
   if constexpr (M == Mode::pack) {
+    if (copy != nullptr) {
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int col = (i * TPR + tid) * VEC;
-      if (col < D) store_vec(copy + col, v[i]);
+      for (int i = 0; i < NV; ++i) {
+        const int col = (i * TPR + tid) * VEC;
+        if (col < D) store_vec(copy + col, v[i]);
+      }
     }
   }
   // The row's first element, read by every thread: a broadcast of a sector the row load fetches
@@ -303,7 +305,9 @@ __global__ void __launch_bounds__(kBlockThreads) row_norm_loop_kernel(const RowN
   float sum = 0.f;
   for (int c = tid; c < D; c += kBlockThreads) {
     const float xv = x[c];
-    if constexpr (M == Mode::pack) copy[c] = xv;
+    if constexpr (M == Mode::pack) {
+      if (copy != nullptr) copy[c] = xv;
+    }
     sum += xv - shift;
   }
   const float mean = row_sum<kBlockThreads>(sum) / float(D);  // of the shifted row
@@ -542,7 +546,7 @@ void pack_layer_norm(const PackParams& p, cudaStream_t stream) {
   if (p.B < 0 || p.S < 0 || p.D < 1 || p.Tcap < 0 || (p.B > 0 && p.S < 1)) {
     throw CudaError("pack_layer_norm: bad shape (B, S >= 0, D >= 1, Tcap >= 0)");
   }
-  if (!p.x || !p.seq_start || !p.x_packed || !p.h || !p.row_dst || !p.w || !p.b) {
+  if (!p.x || !p.seq_start || !p.h || !p.row_dst || !p.w || !p.b) {
     throw CudaError("pack_layer_norm: null pointer");
   }
   if (p.Tcap > INT32_MAX || int64_t(p.B) * p.S > INT32_MAX) {

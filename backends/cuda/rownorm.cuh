@@ -58,7 +58,8 @@ void packed_offsets(const int32_t* lengths, int B, int S, int32_t* seq_start, cu
 // s < lengths[b] (lengths null: all valid); padded rows of x are never read. With
 // T = seq_start[B] (device value, from packed_offsets):
 //   valid row (b, s) -> packed row r = seq_start[b] + s (when r < Tcap):
-//       x_packed[r] = x[b, s], h[r] = LN(x[b, s]; w, b) in `act`, row_dst[r] = b * S + s
+//       x_packed[r] = x[b, s] (x_packed null: not written), h[r] = LN(x[b, s]; w, b) in `act`,
+//       row_dst[r] = b * S + s
 //   rows r in [T, Tcap):  x_packed[r] = 0, h[r] = 0, o[r] = 0, row_dst[r] = -1
 //       (o: the attention output buffer, written by attention for valid rows only, read whole
 //       by the next GEMM)
@@ -74,7 +75,8 @@ struct PackParams {
   int S = 0;
   int D = 0;
   int64_t Tcap = 0;                  // rows of the packed buffers
-  float* x_packed = nullptr;         // [Tcap, D] fp32
+  float* x_packed = nullptr;         // [Tcap, D] fp32, or null: the residual's packed copy is not
+                                     // made (a consumer reads x through row_dst instead)
   void* h = nullptr;                 // [Tcap, D] of act
   void* o = nullptr;                 // [Tcap, D] of act: rows [T, Tcap) zeroed (null: skipped)
   DType act = DType::f16;

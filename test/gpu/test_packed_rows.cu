@@ -336,6 +336,7 @@ struct PackCase {
   YMode y = YMode::separate;
   bool with_o = true;
   bool graph = false;
+  bool x_copy = true;  // false: x_packed null (no packed residual copy; its buffer stays poisoned)
 };
 
 Tally run_pack(const PackCase& c, uint64_t seed, int64_t* T_out, int64_t* Tcap_out) {
@@ -391,7 +392,7 @@ Tally run_pack(const PackCase& c, uint64_t seed, int64_t* T_out, int64_t* Tcap_o
   p.S = S;
   p.D = D;
   p.Tcap = Tcap;
-  p.x_packed = dxp.p;
+  p.x_packed = c.x_copy ? dxp.p : nullptr;
   p.h = dh.p;
   p.o = c.with_o ? dout_o.p : nullptr;
   p.act = c.act;
@@ -433,7 +434,7 @@ Tally run_pack(const PackCase& c, uint64_t seed, int64_t* T_out, int64_t* Tcap_o
     rd = drow.down();
     st = dstart.down();
     if (y != nullptr) y_mid = c.y == YMode::alias ? dx.down() : dy.down();
-    if (y != nullptr) {
+    if (y != nullptr && c.x_copy) {
       hk::cuda::final_layer_norm_packed(dxp.p, y, drow.p, Tcap, D, dw2.p, db2.p, eps, s);
       CHECK_CUDA(cudaStreamSynchronize(s));
     }
@@ -469,11 +470,14 @@ Tally run_pack(const PackCase& c, uint64_t seed, int64_t* T_out, int64_t* Tcap_o
       t.stray += rd[size_t(r)] != kIntPoison;
       continue;
     }
+    if (!c.x_copy) {  // no copy requested: every row of its buffer untouched
+      for (int k = 0; k < D; ++k) t.stray += !nan_bits_f32(xr[k]);
+    }
     if (r < T) {
       const int64_t src = src_of[size_t(r)];
       if (rd[size_t(r)] == kIntPoison) ++t.unwritten;
       else t.exact += int64_t(rd[size_t(r)]) != src;
-      for (int k = 0; k < D; ++k) {
+      for (int k = 0; k < D && c.x_copy; ++k) {
         if (nan_bits_f32(xr[k])) ++t.unwritten;
         else t.exact += !same_bits(xr[k], x[size_t(src) * D + k]);
       }
@@ -487,7 +491,7 @@ Tally run_pack(const PackCase& c, uint64_t seed, int64_t* T_out, int64_t* Tcap_o
       }
     } else {  // tail rows: zeros and -1
       t.exact += rd[size_t(r)] != -1;
-      for (int k = 0; k < D; ++k) t.exact += !zero_bits_f32(xr[k]);
+      for (int k = 0; k < D && c.x_copy; ++k) t.exact += !zero_bits_f32(xr[k]);
       for (size_t i = 0; i < size_t(D) * esz; ++i) t.exact += hr[i] != 0;
       if (orow) {
         for (size_t i = 0; i < size_t(D) * esz; ++i) t.exact += orow[i] != 0;
@@ -512,7 +516,8 @@ Tally run_pack(const PackCase& c, uint64_t seed, int64_t* T_out, int64_t* Tcap_o
       }
     }
     // y after the final LN: valid packed rows normalised, rows beyond Tcap (overflow) unchanged
-    const std::vector<float> yf = c.y == YMode::alias ? dx.down() : dy.down();
+    // (without the packed copy there is no final LN here: y stays as the pack left it)
+    const std::vector<float> yf = !c.x_copy ? y_mid : (c.y == YMode::alias ? dx.down() : dy.down());
     for (int64_t r = 0; r < padded + kGuardRows; ++r) {
       const float* yr = &yf[size_t(r) * D];
       if (r >= padded || !valid(r)) {
@@ -520,7 +525,7 @@ Tally run_pack(const PackCase& c, uint64_t seed, int64_t* T_out, int64_t* Tcap_o
         continue;
       }
       const int64_t d = start[size_t(r / S)] + r % S;
-      if (d < Tcap) {
+      if (d < Tcap && c.x_copy) {
         check_ln_row(t, yr, &x[size_t(r) * D], D, w2, b2, eps);
       } else {
         for (int k = 0; k < D; ++k) t.stray += !same_bits(yr[k], y_mid[size_t(r) * D + k]);
@@ -637,6 +642,18 @@ int main() {
     c.act = DType::f16;
     pcs.push_back(c);
   }
+  for (const int D : {64, 128, 1030}) {
+    PackCase c;  // no packed copy of the residual (x_packed null), with tail rows and y aliasing x
+    c.D = D;
+    c.B = 37;
+    c.S = D > 128 ? 7 : 128;
+    c.tcap_extra = 11;
+    c.x_copy = false;
+    pcs.push_back(c);
+    c.y = YMode::alias;
+    c.lens = Lens::edge;
+    pcs.push_back(c);
+  }
   {
     PackCase c;  // through a captured graph
     c.D = 128;
@@ -653,7 +670,8 @@ int main() {
     const std::string shape = "D=" + std::to_string(c.D) + " B=" + std::to_string(c.B) + " S=" + std::to_string(c.S) +
                               " " + lens_name(c.lens) + " T=" + std::to_string(T) + " Tcap=" + std::to_string(Tcap) +
                               " y=" + ymode_name(c.y) + (c.with_o ? "" : " no-o") +
-                              (c.act == DType::f16 ? " f16" : " f32") + (c.graph ? " graph" : "");
+                              (c.act == DType::f16 ? " f16" : " f32") + (c.graph ? " graph" : "") +
+                              (c.x_copy ? "" : " no-copy");
     record(T > Tcap ? "pack (overflow)" : "pack + final_packed", shape, t);
   }
 

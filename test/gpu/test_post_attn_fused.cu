@@ -69,6 +69,7 @@ struct Case {
   PostAttnConfig cfg{};
   int64_t sample = 0;     // > 0: check only this many rows (first, last, random)
   bool graph = false;     // launch through a captured CUDA graph
+  bool gather = false;    // non-tail: the residual read through x_rows from a larger, shuffled buffer
   std::string note;
 };
 
@@ -252,6 +253,37 @@ Outcome run_case(const Case& c, uint64_t seed) {
     }
   }
 
+  // Gathered residual: x_rows[r] = a shuffled row of a source buffer with 37 more rows than the
+  // chain (every 13th chain row -1: reads zeros), the source rows no chain row names are NaN (a
+  // read of one reaches the output); x then holds what each chain row should see.
+  std::vector<int32_t> x_rows;
+  std::vector<float> x_src;
+  if (c.gather) {
+    const int64_t src_rows = rows + 37;
+    std::vector<int32_t> perm(static_cast<size_t>(src_rows));
+    for (int64_t i = 0; i < src_rows; ++i) perm[size_t(i)] = int32_t(i);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    x_src.assign(size_t(src_rows) * D, std::nanf(""));
+    x_rows.resize(size_t(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      x_rows[size_t(r)] = r % 13 == 5 ? -1 : perm[size_t(r)];
+      for (int k = 0; k < D; ++k) {
+        float& v = x[size_t(r) * D + k];
+        if (x_rows[size_t(r)] < 0) {
+          v = 0.f;
+        } else {
+          x_src[size_t(x_rows[size_t(r)]) * D + k] = v;
+        }
+      }
+    }
+  }
+  Dev<float> d_xsrc(x_src.size());
+  Dev<int32_t> d_xrows(x_rows.size());
+  if (c.gather) {
+    d_xsrc.up(x_src);
+    d_xrows.up(x_rows);
+  }
+
   Dev<__half> d_o(o.size()), d_w_o(m.w_o.size()), d_w_in(m.w_in.size()), d_b_in(m.b_in.size()), d_w_out(m.w_out.size());
   Dev<float> d_x(x.size()), d_b_o(D), d_ln2_w(D), d_ln2_b(D), d_b_out(D), d_lnn_w(D), d_lnn_b(D);
   Dev<float> d_xo(c.alias || c.tail ? 0 : x.size()), d_y(c.tail ? x.size() : 0);
@@ -280,7 +312,8 @@ Outcome run_case(const Case& c, uint64_t seed) {
 
   PostAttnParams p;
   p.o = d_o.p;
-  p.x_in = d_x.p;
+  p.x_in = c.gather ? d_xsrc.p : d_x.p;
+  p.x_rows = c.gather ? d_xrows.p : nullptr;
   p.x_out = c.tail ? nullptr : (c.alias ? d_x.p : d_xo.p);
   p.w_o = d_w_o.p;
   p.b_o = d_b_o.p;
@@ -345,6 +378,8 @@ Outcome run_case(const Case& c, uint64_t seed) {
   }
   out.checked_rows = int64_t(check.size());
 
+  // The GELU form the launch runs (the tanh form exists for the exact resident kernels only).
+  const bool tanh_gelu = hk::cuda::post_attn_fused_effective(D, F, rows, c.cfg).gelu_tanh != 0;
   std::vector<double> rx, rln;
   for (const int64_t r : check) {
     const bool valid = valid_row(r);
@@ -356,7 +391,7 @@ Outcome run_case(const Case& c, uint64_t seed) {
       }
       continue;
     }
-    reference_row(m, &o[size_t(r) * D], &x[size_t(r) * D], eps, rx, rln, c.cfg.gelu_tanh != 0);
+    reference_row(m, &o[size_t(r) * D], &x[size_t(r) * D], eps, rx, rln, tanh_gelu);
     for (int k = 0; k < D; ++k) {
       const size_t i = size_t(r) * D + k;
       if (!c.tail) {
@@ -388,7 +423,12 @@ Outcome run_case(const Case& c, uint64_t seed) {
     if (!c.tail && !poison_f16(h[i])) ++out.guard;
     if (c.tail && !poison_f32(y[i])) ++out.guard;
   }
-  if (!c.alias) {
+  if (c.gather) {
+    const std::vector<float> src_after = d_xsrc.down();
+    for (size_t i = 0; i < x_src.size(); ++i) {
+      if (std::memcmp(&src_after[i], &x_src[i], 4) != 0) ++out.x_in_changed;
+    }
+  } else if (!c.alias) {
     for (size_t i = 0; i < size_t(rows) * D; ++i) {
       if (std::memcmp(&xin_after[i], &x[i], 4) != 0) ++out.x_in_changed;
     }
@@ -884,6 +924,26 @@ int main() {
           c.note = "split";
           cases.push_back(c);
         }
+      }
+    }
+  }
+  // Gathered residual (x_rows): the row-per-warp kernels (d64, d128 with and without the o double
+  // buffer and the tanh GELU, d256 streamed, the padded ones) and the column-split kernel.
+  for (const auto& sh : {std::pair<int, int>{128, 128}, {64, 64}, {256, 256}, {96, 160}, {40, 72}}) {
+    for (const PostAttnConfig cfg : {PostAttnConfig{}, PostAttnConfig{0, 0}, PostAttnConfig{0, -1, 0, 0, 1},
+                                     PostAttnConfig{16, 0, 8}, PostAttnConfig{8, 0, 8, 1}}) {
+      if (cfg.split > 0 && sh.first != sh.second) continue;
+      if (cfg.split > 0 && sh.first == 256) continue;
+      for (const int64_t rows : {int64_t(1), int64_t(17), int64_t(1000), int64_t(20000)}) {
+        Case c;
+        c.D = sh.first;
+        c.F = sh.second;
+        c.rows = rows;
+        c.cfg = cfg;
+        c.gather = true;
+        c.sample = rows > 5000 ? 1024 : 0;
+        c.note = "gather";
+        cases.push_back(c);
       }
     }
   }
