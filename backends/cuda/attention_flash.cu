@@ -2,7 +2,7 @@
 //
 // One thread block computes a tile of query rows of one (sequence, head) and streams the key
 // tiles through shared memory with an online softmax, so the [S, S] score matrix never exists.
-//   flash_f16_kernel<HD, NW> (flash_f16_hd32_kernel for hd 32, 4 warps): NW warps x 16 query rows, mma.sync tensor cores, K/V tiles loaded
+//   flash_f16_kernel<HD, NW>: NW warps x 16 query rows, mma.sync tensor cores, K/V tiles loaded
 //                             with cp.async into a double buffer.
 //   flash_f32_kernel<HDP>:    32 query rows x 32 keys per step, plain fp32 FMAs.
 // Grid: x = b * H + h, y = query tile, heaviest (last, under causal) tiles first.
@@ -27,17 +27,13 @@ constexpr float kLog2e = 1.4426950408889634f;
 // f16: BK = keys per pipeline stage; q_in_regs = Q fragments held in registers for the whole key
 // loop (else re-read from shared memory by ldmatrix for every key tile). Per-warp registers are
 // about HD/2 (O accumulator) + BK/2 (scores) + HD/4 (Q, when in registers) fp32/b32 values.
-// kStages = K/V pipeline depth: 3 up to hd 64 (two key tiles in flight while one is computed:
-// long sequences wait on memory otherwise, one 64-key tile is too little work to hide a load; the
-// extra stage leaves the blocks per SM unchanged); 2 at hd 128 and 256, where it would cost a
-// block per SM (shared memory).
 template <int HD> struct F16Tile;
-template <> struct F16Tile<8>   { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  static constexpr int kStages = 3; };  // ex2-bound (16 MACs per score): 64 keys amortise the max/sum shuffles; QK^T by m16n8k8, no zero k half
-template <> struct F16Tile<16>  { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  static constexpr int kStages = 3; };  // ex2-bound as hd 8; K+V stage 6 KB, ~77 regs: 6 blocks/SM
-template <> struct F16Tile<32>  { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  static constexpr int kStages = 3; };  // 64 keys = half of S=128, so causal skips the upper tile whole; ~80 regs, 36 KB (q64, 3 stages): 6 blocks/SM
-template <> struct F16Tile<64>  { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  static constexpr int kStages = 3; };  // ~130 regs (O 32 + S 32 + Q 16): 3 blocks/SM; 65 KB (3 stages)
-template <> struct F16Tile<128> { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  static constexpr int kStages = 2; };  // ~170 regs; 17 + 2x35 KB = 87 KB (q64): 2 blocks/SM, smem-limited
-template <> struct F16Tile<256> { static constexpr int kBK = 32; static constexpr bool kQInRegs = false; static constexpr int kStages = 2; };  // O alone is 128 regs, so Q is re-read from smem; 32-key stages keep 101 KB (q64): 2 blocks/SM
+template <> struct F16Tile<8>   { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  };  // ex2-bound (16 MACs per score): 64 keys amortise the max/sum shuffles; QK^T by m16n8k8, no zero k half
+template <> struct F16Tile<16>  { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  };  // ex2-bound as hd 8; K+V stage 6 KB, ~80 regs: 6 blocks/SM
+template <> struct F16Tile<32>  { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  };  // 64 keys = half of S=128, so causal skips the upper tile whole; ~80 regs, 25 KB (q64)
+template <> struct F16Tile<64>  { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  };  // ~130 regs (O 32 + S 32 + Q 16): 3 blocks/SM; 45 KB stays under the 48 KB default
+template <> struct F16Tile<128> { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  };  // ~170 regs; 17 + 2x35 KB = 87 KB (q64): 2 blocks/SM, smem-limited
+template <> struct F16Tile<256> { static constexpr int kBK = 32; static constexpr bool kQInRegs = false; };  // O alone is 128 regs, so Q is re-read from smem; 32-key stages keep 101 KB (q64): 2 blocks/SM
 
 // Row stride (halves) of the shared tiles. 8 halves of padding put the 8 rows an ldmatrix reads
 // into 8 different 16-byte bank groups; hd 8 rows (16 bytes) are conflict-free unpadded.
@@ -45,7 +41,7 @@ template <int HD> __host__ __device__ constexpr int f16_ld() { return HD == 8 ? 
 
 template <int HD, int NW>
 constexpr size_t f16_smem_bytes() {
-  return sizeof(__half) * size_t(f16_ld<HD>()) * (16 * NW + 2 * F16Tile<HD>::kStages * F16Tile<HD>::kBK);  // Q + stages x (K, V)
+  return sizeof(__half) * size_t(f16_ld<HD>()) * (16 * NW + 4 * F16Tile<HD>::kBK);  // Q + 2 x (K, V)
 }
 
 // f32: fixed 32 query rows x 32 keys per step and 128 threads (each thread: 2 rows x 4 keys of
@@ -131,11 +127,9 @@ __device__ __forceinline__ void store_zero_rows_f16(__half* out, const FlashArgs
 }
 
 template <int HD, int NW>
-__device__ __forceinline__ void flash_f16_body(const FlashArgs& a) {
+__global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
   constexpr int BK = F16Tile<HD>::kBK;
   constexpr bool kQRegs = F16Tile<HD>::kQInRegs;
-  constexpr int NS = F16Tile<HD>::kStages;
-  static_assert(NS == 2 || NS == 3, "pipeline depth 2 or 3");
   constexpr int BQ = 16 * NW;
   constexpr int NT = 32 * NW;
   constexpr int LD = f16_ld<HD>();
@@ -146,8 +140,8 @@ __device__ __forceinline__ void flash_f16_body(const FlashArgs& a) {
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* sQ = reinterpret_cast<__half*>(smem_raw);  // [BQ][LD], reused to stage the output
-  __half* sK = sQ + BQ * LD;                          // [NS][BK][LD]
-  __half* sV = sK + NS * BK * LD;                     // [NS][BK][LD]
+  __half* sK = sQ + BQ * LD;                          // [2][BK][LD]
+  __half* sV = sK + 2 * BK * LD;                      // [2][BK][LD]
 
   pdl_launch_dependents();
   pdl_wait();  // launch_pdl: lengths, offsets and qkv come from earlier kernels
@@ -172,17 +166,10 @@ __device__ __forceinline__ void flash_f16_body(const FlashArgs& a) {
   const int kend = a.causal ? min(sh.len, q0 + BQ) : sh.len;
   const int nkb = (kend + BK - 1) / BK;
 
-  // Pipeline: key tile j lives in stage j % NS; tiles 0 .. NS-2 are requested here, tile
-  // kb + NS - 1 at iteration kb (one cp.async group per tile, Q with tile 0).
   load_tile_f16<BQ, HD, NT>(sQ, q_col, sh.row0, a.qkv_stride, q0, sh.len, a.hd);
   load_tile_f16<BK, HD, NT>(sK, k_col, sh.row0, a.qkv_stride, 0, sh.len, a.hd);
   load_tile_f16<BK, HD, NT>(sV, v_col, sh.row0, a.qkv_stride, 0, sh.len, a.hd);
   cp_async_commit();
-  if (NS == 3 && nkb > 1) {
-    load_tile_f16<BK, HD, NT>(sK + BK * LD, k_col, sh.row0, a.qkv_stride, BK, sh.len, a.hd);
-    load_tile_f16<BK, HD, NT>(sV + BK * LD, v_col, sh.row0, a.qkv_stride, BK, sh.len, a.hd);
-    cp_async_commit();
-  }
 
   // Per-lane ldmatrix offsets (bytes) inside a tile; see the fragment layouts of mma.m16n8k16.
   const uint32_t q_base = smem_u32(sQ + (warp * 16 + (lane & 15)) * LD + (HD == 8 ? 0 : (lane >> 4) * 8));
@@ -199,37 +186,17 @@ __device__ __forceinline__ void flash_f16_body(const FlashArgs& a) {
   const float sl2 = a.scale_log2;
 
   for (int kb = 0; kb < nkb; ++kb) {
-    const int stage = NS == 2 ? (kb & 1) : kb % 3;
-    if constexpr (NS == 2) {
-      // Tile kb + 1 requested before waiting for tile kb; a barrier at the end of the iteration
-      // frees the stage for the next request.
-      if (kb + 1 < nkb) {
-        const int nxt = stage ^ 1;
-        load_tile_f16<BK, HD, NT>(sK + nxt * BK * LD, k_col, sh.row0, a.qkv_stride, (kb + 1) * BK, sh.len, a.hd);
-        load_tile_f16<BK, HD, NT>(sV + nxt * BK * LD, v_col, sh.row0, a.qkv_stride, (kb + 1) * BK, sh.len, a.hd);
-        cp_async_commit();
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();
+    const int stage = kb & 1;
+    if (kb + 1 < nkb) {
+      const int nxt = (kb + 1) & 1;
+      load_tile_f16<BK, HD, NT>(sK + nxt * BK * LD, k_col, sh.row0, a.qkv_stride, (kb + 1) * BK, sh.len, a.hd);
+      load_tile_f16<BK, HD, NT>(sV + nxt * BK * LD, v_col, sh.row0, a.qkv_stride, (kb + 1) * BK, sh.len, a.hd);
+      cp_async_commit();
+      cp_async_wait<1>();
     } else {
-      // Tile kb has landed once at most one group (tile kb + 1's, when requested) is pending.
-      if (kb + 1 < nkb) {
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      // Tile kb visible to every warp; every warp is past iteration kb - 1, so the stage of tile
-      // kb - 1 (= (kb + 2) % 3) may be refilled with tile kb + 2.
-      __syncthreads();
-      if (kb + 2 < nkb) {
-        const int nxt = stage == 0 ? 2 : stage - 1;
-        load_tile_f16<BK, HD, NT>(sK + nxt * BK * LD, k_col, sh.row0, a.qkv_stride, (kb + 2) * BK, sh.len, a.hd);
-        load_tile_f16<BK, HD, NT>(sV + nxt * BK * LD, v_col, sh.row0, a.qkv_stride, (kb + 2) * BK, sh.len, a.hd);
-        cp_async_commit();
-      }
+      cp_async_wait<0>();
     }
+    __syncthreads();
 
     if (kb == 0) {
       if constexpr (HD == 8) {
@@ -345,7 +312,7 @@ __device__ __forceinline__ void flash_f16_body(const FlashArgs& a) {
         }
       }
     }
-    if constexpr (NS == 2) __syncthreads();  // stage `kb & 1` is refilled by the next iteration's request
+    __syncthreads();  // stage `kb & 1` is refilled by the next iteration's prefetch
   }
 
   // Normalise, stage this warp's 16 rows as fp16 in its own rows of sQ, store 16-byte chunks.
@@ -371,24 +338,6 @@ __device__ __forceinline__ void flash_f16_body(const FlashArgs& a) {
     if (pos >= a.S || c * 8 >= a.hd || (pos >= sh.len && a.seq_start)) continue;
     const uint4 v = pos < sh.len ? *reinterpret_cast<const uint4*>(stage_rows + r * LD + c * 8) : make_uint4(0, 0, 0, 0);
     *reinterpret_cast<uint4*>(out + (sh.row0 + pos) * a.out_stride + sh.h * a.hd + c * 8) = v;
-  }
-}
-
-// The kernels. hd 32 with 4 warps is held to 6 blocks per SM (80 registers; its 3-stage pipeline
-// would otherwise take 83 and leave 5); the others keep ptxas's own register choice (an explicit
-// minimum of 1 block lets it take more registers than it does by default).
-template <int HD, int NW>
-__global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
-  flash_f16_body<HD, NW>(a);
-}
-__global__ void __launch_bounds__(4 * 32, 6) flash_f16_hd32_kernel(const FlashArgs a) { flash_f16_body<32, 4>(a); }
-
-template <int HD, int NW>
-constexpr auto flash_f16_entry() {
-  if constexpr (HD == 32 && NW == 4) {
-    return &flash_f16_hd32_kernel;
-  } else {
-    return &flash_f16_kernel<HD, NW>;
   }
 }
 
@@ -564,8 +513,8 @@ void raise_smem_limit(Kernel kernel, size_t bytes) {
 
 template <int HD>
 void raise_limits_hd() {
-  raise_smem_limit(flash_f16_entry<HD, 4>(), f16_smem_bytes<HD, 4>());
-  raise_smem_limit(flash_f16_entry<HD, 1>(), f16_smem_bytes<HD, 1>());
+  raise_smem_limit(flash_f16_kernel<HD, 4>, f16_smem_bytes<HD, 4>());
+  raise_smem_limit(flash_f16_kernel<HD, 1>, f16_smem_bytes<HD, 1>());
   raise_smem_limit(flash_f32_kernel<HD>, f32_smem_bytes<HD>());
 }
 
@@ -587,7 +536,7 @@ void ensure_smem_limits() {
 template <int HD, int NW>
 void launch_f16(const AttentionParams& p, cudaStream_t stream) {
   const dim3 grid(p.B * p.H, (p.S + 16 * NW - 1) / (16 * NW));
-  launch_pdl(flash_f16_entry<HD, NW>(), grid, dim3(NW * 32), f16_smem_bytes<HD, NW>(), stream, make_args(p));
+  launch_pdl(flash_f16_kernel<HD, NW>, grid, dim3(NW * 32), f16_smem_bytes<HD, NW>(), stream, make_args(p));
   HK_CUDA_CHECK_LAUNCH();
 }
 
