@@ -371,11 +371,13 @@ if want summary; then
   stamp "summary"
   {
     echo "## Random lengths (MODEL.md), tuned"
-    python3 "$share/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_hk.json" --peers "$OUT/peers.json" \
-      --cases "$share/cases.csv" --match '/tuned/'
+    # By the label hk_bench_cuda gives each run (tuned / untuned), which --tune env runs do not
+    # carry in their names.
+    python3 "$root/perf/device/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_hk.json" --peers "$OUT/peers.json" \
+      --cases "$share/cases.csv" --label ', tuned$'
     echo; echo "## Random lengths, untuned (HK_TUNE=0)"
-    python3 "$share/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_hk.json" --peers "$OUT/peers.json" \
-      --cases "$share/cases.csv" --match '/untuned/'
+    python3 "$root/perf/device/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_hk.json" --peers "$OUT/peers.json" \
+      --cases "$share/cases.csv" --label ', untuned$'
     if [ -f "$OUT/bench_nopack.json" ]; then
       echo; echo "## Random lengths, tuned, HK_PACK=0 (dense plans)"
       python3 "$share/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_nopack.json" --peers "$OUT/peers.json" \

@@ -50,9 +50,10 @@ def case_cost(row, valid_only=False, full=False):
     return gemm + attn, bytes_
 
 
-def hk_times(path, match=None, exclude=None):
+def hk_times(path, match=None, exclude=None, label=None):
     """case -> median ms, from Google Benchmark JSON (names carry 'case<N>' or 'case:N'); only
-    benchmarks whose name matches `match` and not `exclude` (regexes) when given."""
+    benchmarks whose name matches `match` and not `exclude`, and whose label matches `label`
+    (regexes) when given."""
     out = {}
     try:
         data = json.load(open(path))
@@ -62,6 +63,8 @@ def hk_times(path, match=None, exclude=None):
         name = b.get("name", "")
         m = re.search(r"case[:_/ ]?(\d+)", name)
         if not m or (match and not re.search(match, name)) or (exclude and re.search(exclude, name)):
+            continue
+        if label and not re.search(label, b.get("label", "")):
             continue
         if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
             continue
@@ -103,11 +106,13 @@ def main():
     ap.add_argument("--cases", required=True)
     ap.add_argument("--match", help="use only hk benchmarks whose name matches this regex (e.g. /tuned)")
     ap.add_argument("--exclude", help="skip hk benchmarks whose name matches this regex (e.g. /full)")
+    ap.add_argument("--label", help="use only hk benchmarks whose label matches this regex (e.g. ', tuned$': "
+                                    "hk_bench_cuda labels each run tuned or untuned, whatever its name)")
     ap.add_argument("--lengths", choices=("random", "full"), default="random",
                     help="the lengths the hk benchmarks ran with (for the valid-token floor)")
     a = ap.parse_args()
     bw, rate = read_env(a.env)
-    hk, peers = hk_times(a.hk, a.match, a.exclude), peer_times(a.peers)
+    hk, peers = hk_times(a.hk, a.match, a.exclude, a.label), peer_times(a.peers)
     print(f"Ceilings: copy {bw/1e12:.2f} TB/s, fp16 GEMM {rate/1e12:.0f} TFLOP/s (measured in this run)\n")
     print("| case | B,S,D,H,F | hk ms | eager ms | compiled ms | hk vs eager | hk vs compiled | TB/s | TFLOP/s | "
           "floor ms | % of floor | valid-token floor ms | % of it |")
