@@ -1425,8 +1425,14 @@ void CudaEngine::Impl::decide_chains_in_forward(Plan& p, const Ctx& c) {
   struct Label {
     std::string text;
     std::vector<std::string> ids;  // per option
+    std::vector<std::string> sources;  // of every option's kernels and of the plan as chosen
     int chosen = 0;
   };
+  std::vector<std::string> plan_sources;
+  for (const auto& k : p.kernels) {
+    const KernelMeta& m = p.meta[p.index_of(k.kernel)];
+    plan_sources.insert(plan_sources.end(), m.sources.begin(), m.sources.end());
+  }
   std::vector<Label> labels;
   for (const auto& k : p.kernels) {
     const tune::Segment<Ctx> seg = tune::segment_options(steps, p.table, p.shape, size_t(k.first));
@@ -1436,13 +1442,20 @@ void CudaEngine::Impl::decide_chains_in_forward(Plan& p, const Ctx& c) {
     bool seen = false;
     for (const Label& o : labels) seen = seen || o.text == l.text;
     if (seen) continue;
+    l.sources = plan_sources;
     for (size_t i = 0; i < seg.options.size(); ++i) {
       std::string id;
-      for (const auto& kk : seg.options[i].kernels) id += (id.empty() ? "" : "+") + p.meta[p.index_of(kk.kernel)].id;
+      for (const auto& kk : seg.options[i].kernels) {
+        const KernelMeta& m = p.meta[p.index_of(kk.kernel)];
+        id += (id.empty() ? "" : "+") + m.id;
+        l.sources.insert(l.sources.end(), m.sources.begin(), m.sources.end());
+      }
       l.ids.push_back(id);
       const PlannedKernel<Ctx>& head = seg.options[i].kernels.front();
       if (head.kernel == k.kernel && head.count == k.count) l.chosen = int(i);
     }
+    std::sort(l.sources.begin(), l.sources.end());
+    l.sources.erase(std::unique(l.sources.begin(), l.sources.end()), l.sources.end());
     labels.push_back(std::move(l));
   }
   const size_t x_bytes = size_t(p.B) * size_t(S) * size_t(cfg.d_model) * sizeof(float);
@@ -1451,14 +1464,29 @@ void CudaEngine::Impl::decide_chains_in_forward(Plan& p, const Ctx& c) {
       HK_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(c.x), alias_scratch.get(), x_bytes, cudaMemcpyDeviceToDevice,
                                     c.stream));
   };
+  const tune::ChooserOptions opt = chooser_options();
   std::map<std::string, int> forced;  // the labels decided so far, with their options
   for (const Label& l : labels) {
     std::vector<int> order = {l.chosen};
     for (int i = 0; i < int(l.ids.size()); ++i)
       if (i != l.chosen) order.push_back(i);
-    std::vector<std::vector<PlannedKernel<Ctx>>> plans;
     std::vector<tune::Candidate> cands;
-    std::vector<std::string> sources;
+    for (int i : order)
+      cands.push_back({l.ids[size_t(i)], "the forward with " + l.ids[size_t(i)] + " at every " + l.text});
+    const tune::TuneKey k = key(p, "plan.forward." + l.text, l.sources);
+    if (chooser->answered(k, cands, opt)) {
+      // Known answer: only the chosen plan is built (an alternative's GEMMs would set up cuBLASLt
+      // combinations the forward never uses: tens of ms of start-up per process).
+      const tune::Decision d = chooser->decide(k, cands, tune::Probe{}, opt);
+      if (d.source != tune::Source::memo && d.source != tune::Source::single) p.decisions.push_back(d);
+      forced[l.text] = order[size_t(d.chosen)];
+      if (d.chosen != 0) {
+        restore_input();
+        p.kernels = replan_forcing(p, c, forced);
+      }
+      continue;
+    }
+    std::vector<std::vector<PlannedKernel<Ctx>>> plans;
     for (int i : order) {
       if (i == l.chosen) {
         plans.push_back(p.kernels);
@@ -1468,18 +1496,10 @@ void CudaEngine::Impl::decide_chains_in_forward(Plan& p, const Ctx& c) {
         f[l.text] = i;
         plans.push_back(replan_forcing(p, c, f));
       }
-      for (const auto& k : plans.back()) {
-        const KernelMeta& m = p.meta[p.index_of(k.kernel)];
-        sources.insert(sources.end(), m.sources.begin(), m.sources.end());
-      }
-      cands.push_back({l.ids[size_t(i)], "the forward with " + l.ids[size_t(i)] + " at every " + l.text +
-                                             " (" + std::to_string(plans.back().size()) + " kernels)"});
     }
-    std::sort(sources.begin(), sources.end());
-    sources.erase(std::unique(sources.begin(), sources.end()), sources.end());
     restore_input();
     auto run_with = [&](int i, Ctx& cc) { run_plan(plans[size_t(i)], steps, cc); };
-    const tune::Decision d = decide_by_forward(p, c, key(p, "plan.forward." + l.text, sources), cands, run_with);
+    const tune::Decision d = decide_by_forward(p, c, k, cands, run_with);
     p.decisions.push_back(d);
     p.kernels = plans[size_t(d.chosen)];
     forced[l.text] = order[size_t(d.chosen)];
