@@ -1020,7 +1020,12 @@ void CudaEngine::Impl::build_table(Plan& p) {
                              (pc.prefetch < 0 ? "auto" : std::to_string(pc.prefetch)) +
                              (pc.split > 0 ? ", " + std::to_string(pc.split) + " warps per row block" : std::string()) +
                              (pc.reg_weights ? ", weights in registers" : "") + (pc.gelu_tanh ? ", tanh GELU" : "")});
-      const tune::TuneKey key = E->key(*P, "post_attn.config", {"backends/cuda/post_attn_fused"});
+      // Its own key when no tanh-GELU entry is offered (HK_GELU=erf, or a kernel without one):
+      // a winner from a list without them must not stand for a list with them.
+      bool tanh_offered = false;
+      for (const PostAttnConfig& pc : P->post_attn_configs) tanh_offered = tanh_offered || pc.gelu_tanh != 0;
+      const tune::TuneKey key =
+          E->key(*P, tanh_offered ? "post_attn.config" : "post_attn.config.no_tanh", {"backends/cuda/post_attn_fused"});
       const Kernel<Ctx>* self = &P->table[self_index];
       const size_t at = size_t(first - E->steps.data());
       const unsigned restore = restore_set(E->steps, at, count, P->packed);
@@ -1465,15 +1470,31 @@ void CudaEngine::Impl::decide_chains_in_forward(Plan& p, const Ctx& c) {
                                     c.stream));
   };
   const tune::ChooserOptions opt = chooser_options();
+  // Pins change what a kernel id runs (the QKV GEMM's kernel, the GEMM layout and algorithm): a
+  // pinned run's answer gets its own key.
+  std::string pins_suffix;
+  for (const auto& [name, v] : {std::pair<const char*, const std::string*>{"qkv_gemm", &pin_qkv_gemm},
+                                {"gelu", &pin_gelu}, {"layout", &pin_layout}, {"algo", &pin_algo}})
+    if (!v->empty()) pins_suffix += "." + std::string(name) + "_" + *v;
   std::map<std::string, int> forced;  // the labels decided so far, with their options
   for (const Label& l : labels) {
+    // Options the per-segment decision rejected (numeric guard) or saw fail are not offered again.
+    const tune::Decision* seg_d = nullptr;
+    for (const tune::Decision& d : p.decisions)
+      if (d.op == "plan." + l.text && !seg_d) seg_d = &d;
+    auto excluded = [&](int i) {
+      if (!seg_d || size_t(i) >= seg_d->results.size()) return false;
+      const tune::Verdict v = seg_d->results[size_t(i)].verdict;
+      return v == tune::Verdict::rejected_numeric || v == tune::Verdict::failed;
+    };
     std::vector<int> order = {l.chosen};
     for (int i = 0; i < int(l.ids.size()); ++i)
-      if (i != l.chosen) order.push_back(i);
+      if (i != l.chosen && !excluded(i)) order.push_back(i);
+    if (order.size() < 2) continue;
     std::vector<tune::Candidate> cands;
     for (int i : order)
       cands.push_back({l.ids[size_t(i)], "the forward with " + l.ids[size_t(i)] + " at every " + l.text});
-    const tune::TuneKey k = key(p, "plan.forward." + l.text, l.sources);
+    const tune::TuneKey k = key(p, "plan.forward." + l.text + pins_suffix, l.sources);
     if (chooser->answered(k, cands, opt)) {
       // Known answer: only the chosen plan is built (an alternative's GEMMs would set up cuBLASLt
       // combinations the forward never uses: tens of ms of start-up per process).

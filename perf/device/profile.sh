@@ -13,7 +13,8 @@
 # Environment: HK_PROFILE_KERNELS (kernels to record per case, default 60), NCU (the ncu
 #   executable, default PATH then /usr/local/cuda/bin/ncu), HK_PROFILE_STALLS=1: also the issue
 #   rate, active warps, tensor-pipe use and the warp stall reasons of each kernel (a second table:
-#   the four largest reasons in warp cycles per issued instruction).
+#   the four largest reasons in warp cycles per issued instruction). The tensor column is the
+#   mma.sync (HMMA) pipe: sm_90 wgmma kernels (cuBLASLt's nvjet ones) may show little there.
 set -u
 bin=$1 cases=$2 work=$3 out=$4
 shift 4
@@ -81,17 +82,20 @@ for k in order:
 print("\nsum of recorded kernel durations: %.1f us (%d kernels)" % (total, len(order)))
 stall = "smsp__average_warps_issue_stalled_"
 if any(m.startswith(stall) for d in rows.values() for m in d):
-    print("\n| # | kernel | issue % | warps active % | tensor % | largest stalls (warp cycles per issued instruction) |")
+    print("\n| # | kernel | issue % | warps active % | HMMA pipe % | largest stalls (warp cycles per issued instruction) |")
     print("|---|---|---|---|---|---|")
     for k in order:
         d = rows[k]
         st = sorted(((v, m[len(stall):].replace("_per_issue_active.ratio", "")) for m, v in d.items()
                      if m.startswith(stall) and isinstance(v, float)), reverse=True)[:4]
         name = d["name"] if len(d["name"]) < 50 else d["name"][:47] + "..."
-        print("| %s | %s | %.0f | %.0f | %.0f | %s |" % (
-            k, name, d.get("smsp__issue_active.avg.pct_of_peak_sustained_active", 0.0),
-            d.get("sm__warps_active.avg.pct_of_peak_sustained_active", 0.0),
-            d.get("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", 0.0),
+        def pct(m):  # a metric ncu reports as text (n/a) prints as it is
+            v = d.get(m, "-")
+            return "%.0f" % v if isinstance(v, float) else str(v)
+        print("| %s | %s | %s | %s | %s | %s |" % (
+            k, name, pct("smsp__issue_active.avg.pct_of_peak_sustained_active"),
+            pct("sm__warps_active.avg.pct_of_peak_sustained_active"),
+            pct("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"),
             ", ".join("%s %.1f" % (n, v) for v, n in st)))
 PY
 done

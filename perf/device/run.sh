@@ -380,22 +380,22 @@ if want summary; then
       --cases "$share/cases.csv" --label ', untuned$'
     if [ -f "$OUT/bench_nopack.json" ]; then
       echo; echo "## Random lengths, tuned, HK_PACK=0 (dense plans)"
-      python3 "$share/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_nopack.json" --peers "$OUT/peers.json" \
+      python3 "$root/perf/device/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_nopack.json" --peers "$OUT/peers.json" \
         --cases "$share/cases.csv"
     fi
     if [ -f "$OUT/bench_nopdl.json" ]; then
       echo; echo "## Random lengths, tuned, HK_PDL=0 (ordinary kernel launches)"
-      python3 "$share/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_nopdl.json" --peers "$OUT/peers.json" \
+      python3 "$root/perf/device/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_nopdl.json" --peers "$OUT/peers.json" \
         --cases "$share/cases.csv"
     fi
     if [ -f "$OUT/bench_qkvlt.json" ]; then
       echo; echo "## Random lengths, tuned, HK_QKV_GEMM=cublaslt (the QKV projection on cuBLASLt only)"
-      python3 "$share/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_qkvlt.json" --peers "$OUT/peers.json" \
+      python3 "$root/perf/device/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_qkvlt.json" --peers "$OUT/peers.json" \
         --cases "$share/cases.csv"
     fi
     if [ -f "$OUT/bench_full.json" ]; then
       echo; echo "## Every sequence at full length, tuned (the peers compute the dense problem either way)"
-      python3 "$share/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_full.json" --peers "$OUT/peers.json" \
+      python3 "$root/perf/device/summarize.py" --env "$OUT/env.txt" --hk "$OUT/bench_full.json" --peers "$OUT/peers.json" \
         --cases "$share/cases.csv" --lengths full
     fi
   } > "$OUT/summary.md" 2>&1
