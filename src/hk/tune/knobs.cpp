@@ -28,7 +28,8 @@ const std::vector<Knob>& knobs() {
       {"HK_GELU", "auto|erf|epilogue", "auto", "cuda",
        "ffn_in's bias+GELU. erf: cuBLASLt bias epilogue then an exact-erf pass (the untuned default); epilogue: "
        "cuBLASLt's tanh-approximation GELU epilogue (fast precision only). auto: measured, the tanh route "
-       "only where the numeric guard accepts it."},
+       "(and the fused post-attention chain's tanh-form GELU) only where the numeric guard accepts it; erf "
+       "excludes both."},
       {"HK_GEMM_LAYOUT", "auto|nk|kn", "auto", "cuda",
        "Weight layout of every GEMM: nk = nn.Linear's [N, K] (the untuned default), kn = a transposed [K, N] "
        "copy (more device memory). auto: measured per GEMM."},
