@@ -535,7 +535,8 @@ void refresh_model(Model& m) {
 //           the reference within 2 ceil(F/16) + 4 fp32 ulps at 1e4 (the relative residual leaves
 //           one rounding to ulp(1e4), at the store); an inexact ln2 (variance ~1e-6 instead of 0:
 //           rstd ~300) moves x_out by ~0.1 (~100 ulps). h_out is checked against LN of the float64
-//           reference x (the kernel normalises its residual before rounding it to x_out's ulp).
+//           reference x (the kernel normalises its residual before rounding it to x_out's ulp),
+//           allowing for one upstream fp16 rounding the reference cannot reproduce.
 enum class LnMode { exact, ln2 };
 
 struct LnOutcome {
@@ -640,9 +641,27 @@ LnOutcome run_ln_case(int D, int F, int64_t rows, bool tail, LnMode mode, uint64
         xin[size_t(j)] = rx[size_t(j)];
       }
       layer_norm(xin, m.lnn_w.data(), m.lnn_b.data(), eps, rln);
+      // One upstream rounding the float64 reference cannot reproduce (a z or GELU value within
+      // fp32 error of an fp16 rounding boundary: ~1 in 20 of these models) moves x by up to two
+      // fp16 ulps of one f times its Wf entry; this row's LayerNorm scales that by its rstd (the
+      // spread is ~0.1 against 1.2e4). Unshifted statistics miss these rows by O(1), far beyond.
+      double fmax = 0;  // |f| <= |z| <= sum |h| |Wi| + |bi|, h = fp16(ln2_b) on these rows
+      for (int n = 0; n < F; ++n) {
+        double z = std::fabs(m.b_in_d[size_t(n)]);
+        for (int k = 0; k < D; ++k) z += std::fabs(round_f16(m.ln2_b[size_t(k)]) * m.w_in_d[size_t(n) * D + k]);
+        fmax = std::max(fmax, z);
+      }
+      double mean = 0, var = 0;
+      for (int j = 0; j < D; ++j) mean += xin[size_t(j)];
+      mean /= D;
+      for (int j = 0; j < D; ++j) var += (xin[size_t(j)] - mean) * (xin[size_t(j)] - mean);
+      const double rstd = 1.0 / std::sqrt(var / D + eps);
       for (int j = 0; j < D; ++j) {
         if (poison_f16(h[base + j])) { ++out.unwritten; continue; }
-        const double tol = std::ldexp(std::fabs(rln[size_t(j)]), -11) + 1e-4;
+        double wf = 0;
+        for (int n = 0; n < F; ++n) wf = std::max(wf, std::fabs(m.w_out_d[size_t(j) * F + n]));
+        const double flip = 2.0 * std::ldexp(fmax, -10) * wf * rstd * std::fabs(double(m.lnn_w[size_t(j)]));
+        const double tol = std::ldexp(std::fabs(rln[size_t(j)]), -11) + 1e-4 + flip;
         if (!(std::fabs(h2d(h[base + j]) - rln[size_t(j)]) <= tol)) ++out.bad;
       }
     }
