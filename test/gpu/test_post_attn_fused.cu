@@ -74,6 +74,18 @@ struct Case {
   std::string note;
 };
 
+// A case of the sweeps: shape, rows, launch configuration and the note its table row shows.
+Case sweep_case(int D, int F, int64_t rows, const PostAttnConfig& cfg, const char* note) {
+  Case c;
+  c.D = D;
+  c.F = F;
+  c.rows = rows;
+  c.cfg = cfg;
+  c.sample = rows > 5000 ? 1024 : 0;
+  c.note = note;
+  return c;
+}
+
 template <class T>
 struct Dev {
   T* p = nullptr;
@@ -942,18 +954,12 @@ int main() {
                                      PostAttnConfig{16, 0, 4}, PostAttnConfig{8, 0, 8, 1}}) {
       for (const int64_t rows : {int64_t(1), int64_t(15), int64_t(17), int64_t(128), int64_t(1000), int64_t(100001)}) {
         for (const bool tail : {false, true}) {
-          Case c;
-          c.D = sh.first;
-          c.F = sh.second;
-          c.rows = rows;
-          c.cfg = cfg;
+          Case c = sweep_case(sh.first, sh.second, rows, cfg, "split");
           c.tail = tail;
           c.S = rows == 1 ? 1 : 16;
           c.lens = tail ? (rows % 2 == 1 ? Lens::edge : Lens::random) : Lens::none;
           c.nan_pad = tail && rows == 1000;
           c.alias = !tail && rows % 2 == 1;
-          c.sample = rows > 5000 ? 1024 : 0;
-          c.note = "split";
           cases.push_back(c);
         }
       }
@@ -970,14 +976,8 @@ int main() {
         // 200000 rows: warps of the row-per-warp kernels take several row blocks (the gathered L2
         // prefetch of the next block runs); checked on a sample.
         if (rows == 200000 && !(sh.first == sh.second && sh.first <= 128 && cfg.split == 0)) continue;
-        Case c;
-        c.D = sh.first;
-        c.F = sh.second;
-        c.rows = rows;
-        c.cfg = cfg;
+        Case c = sweep_case(sh.first, sh.second, rows, cfg, "gather");
         c.gather = true;
-        c.sample = rows > 5000 ? 1024 : 0;
-        c.note = "gather";
         cases.push_back(c);
       }
     }
