@@ -1171,8 +1171,6 @@ int main() {
     p.h_out = h.p;
     p.x_rows = map.p;
     p.rows = 16;
-    p.D = D;
-    p.F = F;
     auto refused = [&](const PostAttnParams& q) {
       try {
         hk::cuda::post_attn_fused(q, nullptr);
