@@ -2048,7 +2048,7 @@ std::string CudaEngine::explain(int B) const {
 std::string CudaEngine::explain_last(int B) const {
   auto it = impl_->last_plan.find(B);
   if (it == impl_->last_plan.end() || !it->second->planned) return "";
-  return impl_->explain_plan(*const_cast<Plan*>(it->second), B);
+  return impl_->explain_plan(*it->second, B);
 }
 
 std::string CudaEngine::Impl::explain_plan(const Plan& p, int B) const {
