@@ -6,7 +6,8 @@
 #   tests.log        GPU test programs, one section each
 #   sanitizer.log    compute-sanitizer memcheck / racecheck / initcheck / synccheck (sanitize.sh)
 #   accuracy.log     hk_forward vs the float64 PyTorch reference per case
-#   bench_hk.json    Google Benchmark JSON of hk's forward per case: untuned and tuned (random lengths)
+#   bench_hk.json    Google Benchmark JSON of hk's forward per case, tuned with a fresh tune cache (random
+#                    lengths; HK_BENCH_ARGS="--tune both" adds the untuned engine, default "--tune on")
 #   plans.txt        each benchmarked case's plan as it ran (kernels, GEMM algorithms, decisions with times)
 #   bench_full.json  the same, tuned, every sequence at full length (phase bench_full)
 #   bench_nopack.json  tuned with HK_PACK=0: the dense plans, for the padding-free gain (phase bench_nopack)
@@ -162,7 +163,7 @@ if want bench; then
   stamp "bench"
   if [ -x "$pkg/bin/hk_bench_cuda" ]; then
     (cd "$share" && hk_bench_cuda --benchmark_format=console --benchmark_out="$OUT/bench_hk.json" \
-       --benchmark_out_format=json --plans "$OUT/plans.txt" ${HK_BENCH_ARGS:-}) 2>&1 | tail -40
+       --benchmark_out_format=json --plans "$OUT/plans.txt" ${HK_BENCH_ARGS:---tune on}) 2>&1 | tail -40
   else
     echo "hk_bench_cuda not built"
   fi
