@@ -143,6 +143,13 @@ __device__ __forceinline__ void mma_smem_a(float (&acc)[NT][4], uint32_t a_addr,
   }
 }
 
+// Row of x_in holding chain row r's residual: r itself, or x_rows[r] when the residual is
+// gathered; -1 (zeros) past `rows` or where x_rows says so. Both kernel families read it here.
+__device__ __forceinline__ int64_t residual_row(const PostAttnParams& p, int64_t r) {
+  if (r >= p.rows) return -1;
+  return p.x_rows != nullptr ? int64_t(p.x_rows[uint32_t(r)]) : r;
+}
+
 // The split route's ffn_in: the GEMM writes fp16(acc + bias), the GELU pass reads that value.
 __device__ __forceinline__ float gelu_of_f16(float z) {
   const float r = __half2float(__float2half_rn(z));
@@ -356,11 +363,7 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
   // spread, not of its magnitude (|x| ~ 1e4 would otherwise lose ~1e-3 per k step). LayerNorm is
   // shift-invariant, so the chain's LayerNorms read acc as it is. The bias is added after
   // out_proj: loaded here, it would sit in registers next to the x loads in flight.
-  // Row of x_in holding chain row r's residual: r, or x_rows[r] (gathered); -1: zeros.
-  auto x_src = [&](int64_t r) -> int64_t {
-    if (r >= rows) return -1;
-    return p.x_rows != nullptr ? int64_t(p.x_rows[uint32_t(r)]) : r;
-  };
+  auto x_src = [&](int64_t r) { return residual_row(p, r); };
   auto row_offsets = [&](int64_t s0, int64_t s1, float& c0, float& c1) {
     c0 = s0 >= 0 ? p.x_in[s0 * D] : 0.f;
     c1 = s1 >= 0 ? p.x_in[s1 * D] : 0.f;
@@ -869,9 +872,7 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
     const int64_t r0 = row0 + g, r1 = row0 + g + 8;
     // Every read of x_in happens here, before the group's first barrier of this block, and every
     // write of x_out after its later barriers: x_out may alias x_in (other warps' columns too).
-    // Rows of x_in (x_rows: gathered; < 0: zeros).
-    const int64_t s0 = r0 < rows ? (p.x_rows != nullptr ? int64_t(p.x_rows[uint32_t(r0)]) : r0) : -1;
-    const int64_t s1 = r1 < rows ? (p.x_rows != nullptr ? int64_t(p.x_rows[uint32_t(r1)]) : r1) : -1;
+    const int64_t s0 = residual_row(p, r0), s1 = residual_row(p, r1);
     const float c0 = s0 >= 0 ? p.x_in[s0 * D] : 0.f;
     const float c1 = s1 >= 0 ? p.x_in[s1 * D] : 0.f;
     float acc[NTW][4];
