@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "app_common.hpp"
@@ -71,7 +72,15 @@ constexpr size_t kChildBufferBytes = size_t(64) << 20;
 // Device memory left to the CUDA runtime, cuBLASLt / cuDNN workspaces and graphs.
 constexpr double kDeviceReserveBytes = 1024.0 * (1 << 20);
 
+// Seconds since the epoch (--stats lines, set against a launcher's own clock).
+double unix_s(std::chrono::system_clock::time_point t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+
 volatile std::sig_atomic_t g_interrupted = 0;
+// Set by run() when its output is committed and the process may end without the CUDA runtime's
+// teardown at exit (HK_EXIT=quick).
+bool g_quick_exit = false;
 extern "C" void on_signal(int sig) {
   g_interrupted = 1;
   std::signal(sig, SIG_DFL);  // a second signal ends the process at once
@@ -327,6 +336,8 @@ class Output {
 int run(const Options& o, int* argc, char*** argv) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
+  const auto t0_unix = std::chrono::system_clock::now();  // --stats: the process's time before and after run()
+  bool quick_exit = false;
   hk::app::Trace& tr = hk::app::trace();
   if (!o.trace.empty()) tr.enable(t0);
   tr.name_thread("main (set-up, compute stage)");
@@ -382,8 +393,21 @@ int run(const Options& o, int* argc, char*** argv) {
         return hk::app::DeviceMemory{};
       }
       if (d < 0) return hk::app::DeviceMemory{};
-      Span span(tr, "CUDA context and libraries");
-      b->prepare(d);
+      // The backend's run-time libraries load beside the context's creation (the driver is
+      // loaded by now: the probe started it, so the two do not queue on the loader's lock).
+      std::thread libs([b, &tr] {
+        tr.name_thread("library load");
+        Span span(tr, "backend libraries (beside the context)");
+        b->preload();
+      });
+      try {
+        Span span(tr, "CUDA context");
+        b->prepare(d);  // finds the libraries loaded, or waits for them
+      } catch (...) {
+        libs.join();
+        throw;
+      }
+      libs.join();
       return hk::app::device_memory(d);
     });
   };
@@ -391,6 +415,7 @@ int run(const Options& o, int* argc, char*** argv) {
     if (input.empty()) input = hk::app::find_data_file("sample.h5");
     model_path = o.model.empty() ? input : o.model;
     if (!o.mem_cap.empty()) mem_cap = double(parse_bytes(o.mem_cap));
+    quick_exit = hk::tune::knob_choice("HK_EXIT", {"teardown", "quick"}) == "quick";
     if (hk::app::same_file(output, input) || hk::app::same_file(output, model_path))
       throw hk::Error(output + ": /: expected an output path other than the input and model files, found the same file");
     if (!o.no_fork_validate) {
@@ -738,12 +763,14 @@ int run(const Options& o, int* argc, char*** argv) {
     std::printf("%s: stats: rank=%d ranks=%d chunk=%lld chunks=%lld local_chunks=%lld mem_cap=%lld "
                 "peak_rss_kib=%lld read_s=%.3f compute_s=%.3f write_s=%.3f wall_s=%.3f setup_s=%.3f header_s=%.3f "
                 "device_query_s=%.3f output_s=%.3f engine_s=%.3f warm_s=%.3f "
-                "engine_wait_s=%.3f pin_s=%.3f pinned=%d/%d check_s=%.3f commit_s=%.3f release_s=%.3f%s%s%s\n",
+                "engine_wait_s=%.3f pin_s=%.3f pinned=%d/%d check_s=%.3f commit_s=%.3f release_s=%.3f "
+                "t0_unix=%.3f stats_unix=%.3f%s%s%s\n",
                 kProgram, job.rank(), job.size(), (long long)chunk, (long long)n_chunks,
                 (long long)grid.local_chunks(), (long long)mem_cap, (long long)peak_rss_kib(), st.read_s, st.compute_s,
                 st.write_s, total_s, std::chrono::duration<double>(t_loop - t0).count(), header_s, device_query_s,
                 output_s, engine_s, warm_s, st.prepare_s,
-                st.pin_s, st.pinned, st.pin_tried, check_s, commit_s, release_s, validation_stats().c_str(),
+                st.pin_s, st.pinned, st.pin_tried, check_s, commit_s, release_s, unix_s(t0_unix),
+                unix_s(std::chrono::system_clock::now()), validation_stats().c_str(),
                 engine_stats.empty() ? "" : " ", engine_stats.c_str());
   }
   if (tr.on()) {
@@ -756,6 +783,8 @@ int run(const Options& o, int* argc, char*** argv) {
     if (!why.empty()) std::fprintf(stderr, "%s: warning: --trace: %s\n", kProgram, why.c_str());
   }
   std::fflush(stdout);
+  // The output is final; a CUDA run may skip the runtime's teardown at exit (HK_EXIT=quick).
+  g_quick_exit = quick_exit && backend_name == "cuda";
   return 0;
 }
 
@@ -792,8 +821,10 @@ int main(int argc, char** argv) {
                "(engine_s, beside the first reads for cuda) and warm-up (warm_s) and the compute stage's wait for "
                "them (engine_wait_s), "
                "page-locking the chunk buffers (pin_s), the finiteness check of y (check_s), the commit, the "
-               "validation child's time and the time spent waiting for it (a failed single-process run prints "
-               "how far the child and the reader got)");
+               "validation child's time and the time spent waiting for it, the wall clock (unix seconds) when "
+               "the run's clock started and when the line was printed (t0_unix, stats_unix: set against a "
+               "launcher's clock, the process's start-up and exit) (a failed single-process run prints how far "
+               "the child and the reader got)");
   app.add_option("--trace", o.trace,
                  "write a timeline of the run to FILE (Chrome trace-event JSON, for Perfetto or chrome://tracing): "
                  "set-up, start-up and engine threads, each chunk's read, compute and write and the waits between "
@@ -832,7 +863,14 @@ int main(int argc, char** argv) {
   // ends with its error line, instead of the default SIGXFSZ kill without one.
   std::signal(SIGXFSZ, SIG_IGN);
   try {
-    return run(o, &argc, &argv);
+    const int rc = run(o, &argc, &argv);
+    if (rc == 0 && g_quick_exit) {
+      // Everything this process owes the user is done (output committed, lines printed, the
+      // validation child and MPI finished); the driver reclaims the context with the process.
+      std::fflush(nullptr);
+      std::_Exit(0);
+    }
+    return rc;
   } catch (const hk::app::AgreedFailure& f) {
     return f.code;  // already reported, once for the whole job
   } catch (const hk::Error& e) {

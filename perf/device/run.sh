@@ -15,7 +15,8 @@
 #   ab.txt           phase ab: one knob's values side by side on chosen cases (HK_AB, HK_AB_CASES)
 #   bench_qkvlt.json   tuned with HK_QKV_GEMM=cublaslt: the QKV projection on cuBLASLt only, for the own
 #                      kernel's gain (phase bench_qkvlt)
-#   e2e.txt          case 6 file in, file out: hk_forward vs hk_io_baseline (read + write only), PASS/FAIL vs 1.3x
+#   e2e.txt          case 6 file in, file out: hk_forward vs hk_io_baseline (read + write only), PASS/FAIL vs 1.3x;
+#                    HK_E2E_ALT_ENV="VAR=value ..." adds a variant of hk_forward to the same loop (own median)
 #   multigpu.txt     phase multigpu: scaling over the GPUs under mpirun, bit identity (multi_gpu.sh)
 #   peers.json       PyTorch peers (eager fp32, compiled) per case
 #   regress/         perf/regress run JSON (device identity, build, date) + the per-case plot
@@ -242,8 +243,15 @@ if want e2e; then
     s=$(ms_now)
     timeout 200 "$@" > "$work/e2e-run.log" 2>&1
     rc=$?
-    e2e_ms=$(( $(ms_now) - s ))
+    e2e_end=$(ms_now)
+    e2e_ms=$(( e2e_end - s ))
     sed 's/^/    /' "$work/e2e-run.log" >> "$e2e_txt"
+    # hk_forward's --stats line carries its clock's start and its last line (unix seconds): the
+    # process's time before run() (exec, loading, static set-up) and after it (exit, teardown).
+    awk -v s="$s" -v e="$e2e_end" '/stats:.*t0_unix=/ {
+        for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+        printf "    process: %.0f ms before its clock, %.0f ms after its stats line\n", v["t0_unix"] * 1000 - s, e - v["stats_unix"] * 1000
+      }' "$work/e2e-run.log" >> "$e2e_txt"
     rm -f "$e2e_out"
     if [ $rc -ne 0 ]; then
       echo "  FAILED rc=$rc: $*" >> "$e2e_txt"
@@ -272,12 +280,19 @@ if want e2e; then
     e2e_time "${base[@]}"
     echo "  ${e2e_ms} ms" >> "$e2e_txt"
   fi
-  base_ms=() fwd_ms=()
+  # HK_E2E_ALT_ENV (space-separated VAR=value): a variant of hk_forward run in the same loop,
+  # after each default run, with its own median (a side-by-side A/B; the target uses the default).
+  read -r -a alt_env <<< "${HK_E2E_ALT_ENV:-}"
+  base_ms=() fwd_ms=() alt_ms=()
   for (( i = 1; i <= e2e_runs && e2e_fail == 0; i++ )); do
     echo "run $i hk_io_baseline:" >> "$e2e_txt"
     e2e_time "${base[@]}" && base_ms+=("$e2e_ms") && echo "  ${e2e_ms} ms" >> "$e2e_txt"
     echo "run $i hk_forward:" >> "$e2e_txt"
     e2e_time "${fwd[@]}" && fwd_ms+=("$e2e_ms") && echo "  ${e2e_ms} ms" >> "$e2e_txt"
+    if [ ${#alt_env[@]} -gt 0 ] && [ $e2e_fail -eq 0 ]; then
+      echo "run $i hk_forward (${alt_env[*]}):" >> "$e2e_txt"
+      e2e_time env "${alt_env[@]}" "${fwd[@]}" && alt_ms+=("$e2e_ms") && echo "  ${e2e_ms} ms" >> "$e2e_txt"
+    fi
   done
   # Where the rest goes (not part of the ratio): the process start alone (loading the CUDA
   # libraries), and one run without the forked validation.
@@ -310,6 +325,10 @@ if want e2e; then
     {
       echo "hk_io_baseline ms: ${base_ms[*]}  median $mb"
       echo "hk_forward     ms: ${fwd_ms[*]}  median $mf"
+      if [ ${#alt_ms[@]} -gt 0 ]; then
+        ma=$(median "${alt_ms[@]}")
+        echo "hk_forward (${alt_env[*]}) ms: ${alt_ms[*]}  median $ma  ratio to the baseline $(awk -v a="$ma" -v b="$mb" 'BEGIN { printf "%.3f", a / b }')"
+      fi
       awk -v f="$mf" -v b="$mb" 'BEGIN {
         r = b > 0 ? f / b : 1e9
         printf "ratio hk_forward / hk_io_baseline = %.3f (target <= 1.3)\n", r

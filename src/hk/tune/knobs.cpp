@@ -66,6 +66,11 @@ const std::vector<Knob>& knobs() {
        "(two-phase: aggregator ranks gather neighbouring rows and write them); individual: the same "
        "collective HDF5 calls, each rank writing its own rows underneath. The bits of the file are the same "
        "in every mode."},
+      {"HK_EXIT", "teardown|quick", "teardown", "app",
+       "How hk_forward ends after a CUDA run whose output is committed. teardown: the CUDA runtime "
+       "destroys its context and unloads its modules at exit; quick: the process ends at once and the "
+       "driver reclaims the context (the same output, exit status and lines). Leak checkers "
+       "(compute-sanitizer --leak-check) want teardown."},
       {"HK_CUDA_POISON", "0|1", "0", "tests",
        "1: fill the CUDA engine's arena with NaN at construction so a read of an unwritten element reaches "
        "the output."},
