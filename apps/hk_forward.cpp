@@ -26,7 +26,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "app_common.hpp"
@@ -78,9 +77,6 @@ double unix_s(std::chrono::system_clock::time_point t) {
 }
 
 volatile std::sig_atomic_t g_interrupted = 0;
-// Set by run() when its output is committed and the process may end without the CUDA runtime's
-// teardown at exit (HK_EXIT=quick).
-bool g_quick_exit = false;
 extern "C" void on_signal(int sig) {
   g_interrupted = 1;
   std::signal(sig, SIG_DFL);  // a second signal ends the process at once
@@ -337,7 +333,7 @@ int run(const Options& o, int* argc, char*** argv) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   const auto t0_unix = std::chrono::system_clock::now();  // --stats: the process's time before and after run()
-  bool quick_exit = false;
+  hk::app::PinMode pin_mode = hk::app::PinMode::early;
   hk::app::Trace& tr = hk::app::trace();
   if (!o.trace.empty()) tr.enable(t0);
   tr.name_thread("main (set-up, compute stage)");
@@ -393,21 +389,8 @@ int run(const Options& o, int* argc, char*** argv) {
         return hk::app::DeviceMemory{};
       }
       if (d < 0) return hk::app::DeviceMemory{};
-      // The backend's run-time libraries load beside the context's creation (the driver is
-      // loaded by now: the probe started it, so the two do not queue on the loader's lock).
-      std::thread libs([b, &tr] {
-        tr.name_thread("library load");
-        Span span(tr, "backend libraries (beside the context)");
-        b->preload();
-      });
-      try {
-        Span span(tr, "CUDA context");
-        b->prepare(d);  // finds the libraries loaded, or waits for them
-      } catch (...) {
-        libs.join();
-        throw;
-      }
-      libs.join();
+      Span span(tr, "CUDA context and libraries");
+      b->prepare(d);
       return hk::app::device_memory(d);
     });
   };
@@ -415,7 +398,7 @@ int run(const Options& o, int* argc, char*** argv) {
     if (input.empty()) input = hk::app::find_data_file("sample.h5");
     model_path = o.model.empty() ? input : o.model;
     if (!o.mem_cap.empty()) mem_cap = double(parse_bytes(o.mem_cap));
-    quick_exit = hk::tune::knob_choice("HK_EXIT", {"teardown", "quick"}) == "quick";
+    pin_mode = hk::app::pin_mode_from_environment();
     if (hk::app::same_file(output, input) || hk::app::same_file(output, model_path))
       throw hk::Error(output + ": /: expected an output path other than the input and model files, found the same file");
     if (!o.no_fork_validate) {
@@ -704,7 +687,7 @@ int run(const Options& o, int* argc, char*** argv) {
     if (job.mpi()) stages.fatal = fatal;
     {
       Span span(tr, "pipeline");
-      st = hk::app::run_pipeline(grid, S, D, pin_device, stages, &chunk_buffers);
+      st = hk::app::run_pipeline(grid, S, D, pin_device, stages, &chunk_buffers, pin_mode);
     }
     await_engine();  // a rank without chunks never ran the compute stage
     std::unique_ptr<Span> attr_span = std::make_unique<Span>(tr, "output attributes");
@@ -783,8 +766,6 @@ int run(const Options& o, int* argc, char*** argv) {
     if (!why.empty()) std::fprintf(stderr, "%s: warning: --trace: %s\n", kProgram, why.c_str());
   }
   std::fflush(stdout);
-  // The output is final; a CUDA run may skip the runtime's teardown at exit (HK_EXIT=quick).
-  g_quick_exit = quick_exit && backend_name == "cuda";
   return 0;
 }
 
@@ -863,14 +844,7 @@ int main(int argc, char** argv) {
   // ends with its error line, instead of the default SIGXFSZ kill without one.
   std::signal(SIGXFSZ, SIG_IGN);
   try {
-    const int rc = run(o, &argc, &argv);
-    if (rc == 0 && g_quick_exit) {
-      // Everything this process owes the user is done (output committed, lines printed, the
-      // validation child and MPI finished); the driver reclaims the context with the process.
-      std::fflush(nullptr);
-      std::_Exit(0);
-    }
-    return rc;
+    return run(o, &argc, &argv);
   } catch (const hk::app::AgreedFailure& f) {
     return f.code;  // already reported, once for the whole job
   } catch (const hk::Error& e) {

@@ -46,18 +46,13 @@ class CudaBackend final : public Backend {
     static const std::string why = probe();
     return why;
   }
-  // The primary context of `device` and cuBLASLt, so that the engine's constructor finds both
-  // (cuBLASLt is not loaded again when preload() did it).
+  // The primary context of `device` and cuBLASLt, so that the engine's constructor finds both.
   void prepare(int device) const override {
     if (!unavailable_reason().empty()) return;
     if (cudaSetDevice(device) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {
       cudaGetLastError();
       return;
     }
-    preload();
-  }
-  // libcublasLt (dlopen: mapping and relocating half a gigabyte, no CUDA call).
-  void preload() const override {
     try {
       (void)lt::api();
     } catch (const Error&) {

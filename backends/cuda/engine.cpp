@@ -300,6 +300,9 @@ struct CudaEngine::Impl {
   int max_batch = 0, S = 0, device = 0;
   Routes routes;
   std::string device_desc;
+  // The constructor's parts (ms, for stats()): waiting for / making the context, streams and the
+  // cuBLASLt handle, the weights' upload, the activation arena; and the whole.
+  double ctor_context_ms = 0, ctor_handles_ms = 0, ctor_weights_ms = 0, ctor_arena_ms = 0, ctor_ms = 0;
   DType act = DType::f16;
   float eps = 1e-5f;
   // Resolved pins ("" = free).
@@ -399,12 +402,19 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
     throw Error("cuda backend: precision 'reference' (float64) is not supported; use the kokkos backend");
   if (max_batch < 1 || S < 1) throw Error("cuda backend: max_batch and seq_len must be at least 1");
   if (int64_t(model.layers.size()) != cfg.n_layers) throw Error("cuda backend: model has the wrong number of layers");
+  using ctor_clock = std::chrono::steady_clock;
+  const auto t_ctor = ctor_clock::now();
+  const auto ms_since = [](ctor_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(ctor_clock::now() - t).count();
+  };
   int count = 0;
   HK_CUDA_CHECK(cudaGetDeviceCount(&count));
   if (device < 0 || device >= count)
     throw Error("cuda backend: device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
                 " CUDA device(s))");
   HK_CUDA_CHECK(cudaSetDevice(device));
+  HK_CUDA_CHECK(cudaFree(nullptr));  // the context (made here, or by Backend::prepare on another thread)
+  ctor_context_ms = ms_since(t_ctor);
   cudaDeviceProp prop{};
   HK_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   if (prop.major < 8)
@@ -425,11 +435,14 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
   pin_graph = pin_of(routes, "graph", routes.graphs ? "" : "0");
   pin_pack = pin_of(routes, "pack", "");
   try {
+    auto t = ctor_clock::now();
     HK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     HK_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream, cudaStreamNonBlocking));
     HK_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     HK_CUDA_CHECK(cudaEventCreateWithFlags(&caller, cudaEventDisableTiming));
     HK_CUBLAS_CHECK(lt::api().Create(&lt));
+    ctor_handles_ms = ms_since(t);
+    t = ctor_clock::now();
     weights = std::make_unique<DeviceWeights>(model, precision);
     // The [K, N] copies cost one more set of GEMM weights: only when the layout may be chosen.
     if (pin_layout == "kn" || (routes.tune && pin_layout.empty())) make_kn_weights(model);
@@ -438,14 +451,18 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
         model_persistent_supports(cfg, S))
       persistent = std::make_unique<PersistentModel>(cfg, *weights);
 #endif
+    ctor_weights_ms = ms_since(t);
+    t = ctor_clock::now();
     arena = std::make_unique<DeviceArena>(activation_layout(cfg, max_batch, S, precision, kLtWorkspaceBytes),
                                           max_batch, S, routes.poison);
+    ctor_arena_ms = ms_since(t);
     buf = arena->buffers();
     steps = forward_steps(cfg.n_layers);
     identity = device_identity(device);
     cache = std::make_unique<tune::TuneCache>(routes.tune ? routes.tune_cache_dir : std::string());
     chooser = std::make_unique<tune::Chooser>(cache.get(), routes.tune_verbose);
     timer = std::make_unique<CandidateTimer>(capture_stream);
+    ctor_ms = ms_since(t_ctor);
   } catch (...) {
     release();
     throw;
@@ -2009,12 +2026,14 @@ std::string CudaEngine::stats() const {
     sum.measured += p->report.measured;
     sum.cached += p->report.cached;
   }
-  char b[320];
+  char b[512];
   std::snprintf(b, sizeof b,
+                "engine_ctor_ms=%.1f ctor_context_ms=%.1f ctor_handles_ms=%.1f ctor_weights_ms=%.1f ctor_arena_ms=%.1f "
                 "plans=%zu plan_build_ms=%.1f plan_build_first_ms=%.1f plan_gemm_ms=%.1f plan_warmup_ms=%.1f "
                 "plan_measure_ms=%.1f graph_capture_ms=%.1f graphs=%d decisions_measured=%d decisions_cached=%d",
-                m.plans.size(), sum.build_ms, first_build_ms, sum.gemm_ms, sum.warmup_ms, sum.measure_ms,
-                sum.capture_ms, sum.captures, sum.measured, sum.cached);
+                m.ctor_ms, m.ctor_context_ms, m.ctor_handles_ms, m.ctor_weights_ms, m.ctor_arena_ms, m.plans.size(),
+                sum.build_ms, first_build_ms, sum.gemm_ms, sum.warmup_ms, sum.measure_ms, sum.capture_ms,
+                sum.captures, sum.measured, sum.cached);
   return b;
 }
 

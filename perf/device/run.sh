@@ -16,7 +16,8 @@
 #   bench_qkvlt.json   tuned with HK_QKV_GEMM=cublaslt: the QKV projection on cuBLASLt only, for the own
 #                      kernel's gain (phase bench_qkvlt)
 #   e2e.txt          case 6 file in, file out: hk_forward vs hk_io_baseline (read + write only), PASS/FAIL vs 1.3x;
-#                    HK_E2E_ALT_ENV="VAR=value ..." adds a variant of hk_forward to the same loop (own median)
+#                    HK_E2E_ALT_ENV="VAR=value ...;VAR=value ..." adds variants of hk_forward to the same loop
+#                    (each with its own median)
 #   multigpu.txt     phase multigpu: scaling over the GPUs under mpirun, bit identity (multi_gpu.sh)
 #   peers.json       PyTorch peers (eager fp32, compiled) per case
 #   regress/         perf/regress run JSON (device identity, build, date) + the per-case plot
@@ -280,19 +281,23 @@ if want e2e; then
     e2e_time "${base[@]}"
     echo "  ${e2e_ms} ms" >> "$e2e_txt"
   fi
-  # HK_E2E_ALT_ENV (space-separated VAR=value): a variant of hk_forward run in the same loop,
-  # after each default run, with its own median (a side-by-side A/B; the target uses the default).
-  read -r -a alt_env <<< "${HK_E2E_ALT_ENV:-}"
-  base_ms=() fwd_ms=() alt_ms=()
+  # HK_E2E_ALT_ENV: variants of hk_forward, separated by ';', each space-separated VAR=value,
+  # run in the same loop after each default run, each with its own median (side-by-side A/B; the
+  # target uses the default).
+  IFS=';' read -r -a alts <<< "${HK_E2E_ALT_ENV:-}"
+  base_ms=() fwd_ms=()
+  declare -A alt_ms=()
   for (( i = 1; i <= e2e_runs && e2e_fail == 0; i++ )); do
     echo "run $i hk_io_baseline:" >> "$e2e_txt"
     e2e_time "${base[@]}" && base_ms+=("$e2e_ms") && echo "  ${e2e_ms} ms" >> "$e2e_txt"
     echo "run $i hk_forward:" >> "$e2e_txt"
     e2e_time "${fwd[@]}" && fwd_ms+=("$e2e_ms") && echo "  ${e2e_ms} ms" >> "$e2e_txt"
-    if [ ${#alt_env[@]} -gt 0 ] && [ $e2e_fail -eq 0 ]; then
+    for a in "${alts[@]}"; do
+      read -r -a alt_env <<< "$a"
+      [ ${#alt_env[@]} -gt 0 ] && [ $e2e_fail -eq 0 ] || continue
       echo "run $i hk_forward (${alt_env[*]}):" >> "$e2e_txt"
-      e2e_time env "${alt_env[@]}" "${fwd[@]}" && alt_ms+=("$e2e_ms") && echo "  ${e2e_ms} ms" >> "$e2e_txt"
-    fi
+      e2e_time env "${alt_env[@]}" "${fwd[@]}" && alt_ms[${alt_env[*]}]+="$e2e_ms " && echo "  ${e2e_ms} ms" >> "$e2e_txt"
+    done
   done
   # Where the rest goes (not part of the ratio): the process start alone (loading the CUDA
   # libraries), and one run without the forked validation.
@@ -325,10 +330,11 @@ if want e2e; then
     {
       echo "hk_io_baseline ms: ${base_ms[*]}  median $mb"
       echo "hk_forward     ms: ${fwd_ms[*]}  median $mf"
-      if [ ${#alt_ms[@]} -gt 0 ]; then
-        ma=$(median "${alt_ms[@]}")
-        echo "hk_forward (${alt_env[*]}) ms: ${alt_ms[*]}  median $ma  ratio to the baseline $(awk -v a="$ma" -v b="$mb" 'BEGIN { printf "%.3f", a / b }')"
-      fi
+      for a in "${!alt_ms[@]}"; do
+        read -r -a v <<< "${alt_ms[$a]}"
+        ma=$(median "${v[@]}")
+        echo "hk_forward ($a) ms: ${v[*]}  median $ma  ratio to the baseline $(awk -v x="$ma" -v b="$mb" 'BEGIN { printf "%.3f", x / b }')"
+      done
       awk -v f="$mf" -v b="$mb" 'BEGIN {
         r = b > 0 ? f / b : 1e9
         printf "ratio hk_forward / hk_io_baseline = %.3f (target <= 1.3)\n", r

@@ -52,11 +52,6 @@ class Backend {
   // context, libraries loaded at run time), done ahead, e.g. on another thread while the input is
   // read. Thread-safe, idempotent; failures are left for create() to report. Default: nothing.
   virtual void prepare(int device) const { (void)device; }
-  // Optional: loads the libraries the engines load at run time, without touching a device, so
-  // that it can run beside prepare() (the CUDA context and a library's relocation both take a
-  // tenth of a second or more). Thread-safe, idempotent; failures are left for create(). Default:
-  // nothing.
-  virtual void preload() const {}
 };
 
 // Every backend compiled into this build, in preference order for "auto".
