@@ -333,7 +333,6 @@ int run(const Options& o, int* argc, char*** argv) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   const auto t0_unix = std::chrono::system_clock::now();  // --stats: the process's time before and after run()
-  hk::app::PinMode pin_mode = hk::app::PinMode::early;
   hk::app::Trace& tr = hk::app::trace();
   if (!o.trace.empty()) tr.enable(t0);
   tr.name_thread("main (set-up, compute stage)");
@@ -398,7 +397,6 @@ int run(const Options& o, int* argc, char*** argv) {
     if (input.empty()) input = hk::app::find_data_file("sample.h5");
     model_path = o.model.empty() ? input : o.model;
     if (!o.mem_cap.empty()) mem_cap = double(parse_bytes(o.mem_cap));
-    pin_mode = hk::app::pin_mode_from_environment();
     if (hk::app::same_file(output, input) || hk::app::same_file(output, model_path))
       throw hk::Error(output + ": /: expected an output path other than the input and model files, found the same file");
     if (!o.no_fork_validate) {
@@ -687,7 +685,7 @@ int run(const Options& o, int* argc, char*** argv) {
     if (job.mpi()) stages.fatal = fatal;
     {
       Span span(tr, "pipeline");
-      st = hk::app::run_pipeline(grid, S, D, pin_device, stages, &chunk_buffers, pin_mode);
+      st = hk::app::run_pipeline(grid, S, D, pin_device, stages, &chunk_buffers);
     }
     await_engine();  // a rank without chunks never ran the compute stage
     std::unique_ptr<Span> attr_span = std::make_unique<Span>(tr, "output attributes");

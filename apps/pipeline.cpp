@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "hk/error.hpp"
-#include "hk/tune/knobs.hpp"
 #include "host_buffers.hpp"
 #include "trace.hpp"
 
@@ -29,8 +28,8 @@ struct Slot {
 
 class Pipeline {
  public:
-  Pipeline(const ChunkGrid& g, int S, int D, int pin_device, const PipelineStages& st, PinMode pin)
-      : g_(g), st_(st), pin_device_(pin_device), pin_(pin) {
+  Pipeline(const ChunkGrid& g, int S, int D, int pin_device, const PipelineStages& st)
+      : g_(g), st_(st), pin_device_(pin_device) {
     const size_t n = size_t(g.chunk) * size_t(S) * size_t(D) * sizeof(float);
     const auto touch = pin_device >= 0 ? HostBlock::Touch::later : HostBlock::Touch::now;
     x_.resize(size_t(input_buffers(pin_device >= 0)));
@@ -51,7 +50,6 @@ class Pipeline {
     guarded([&] { compute_all(n); });
     reader.join();
     writer.join();
-    if (late_pinner_.joinable()) late_pinner_.join();
     if (error_) std::rethrow_exception(error_);
     return stats_;
   }
@@ -114,43 +112,8 @@ class Pipeline {
     }
   }
 
-  // Late page-locking: the output buffers first (the writer sets the pace), then the input
-  // buffers in the order the reader refills them; stops early when the run stops. Its own thread.
-  void pin_late() {
-    trace().name_thread("page-locking");
-    Trace::Span span(trace(), "page-lock chunk buffers (late)");
-    const auto t = clock::now();
-    std::vector<HostBlock*> order;
-    for (size_t i = y_.size(); i-- > 0;) order.insert(order.end(), {&y_[i].data, &y_[i].lengths});
-    for (size_t i = 1; i <= x_.size(); ++i) order.insert(order.end(), {&x_[i % x_.size()].data, &x_[i % x_.size()].lengths});
-    int pinned = 0, tried = 0;
-    for (HostBlock* b : order) {
-      {
-        std::lock_guard<std::mutex> lock(m_);
-        if (stop_) break;
-      }
-      pinned += int(b->pin(pin_device_));
-      tried += int(b->bytes() > 0);
-    }
-    std::lock_guard<std::mutex> lock(m_);
-    stats_.pin_s = since(t);
-    stats_.pinned = pinned;
-    stats_.pin_tried = tried;
-  }
-
   void compute_all(int64_t n) {
-    if (n > 0 && pin_ != PinMode::early) {
-      const auto t = clock::now();
-      if (st_.prepare) {
-        Trace::Span span(trace(), "prepare (engine wait)");
-        st_.prepare();
-      }
-      {
-        std::lock_guard<std::mutex> lock(m_);
-        stats_.prepare_s = since(t);
-      }
-      if (pin_ == PinMode::late && pin_device_ >= 0) late_pinner_ = std::thread([this] { pin_late(); });
-    } else if (n > 0) {
+    if (n > 0) {
       // Page-locking (which waits for the device's context) beside `prepare` (the engine).
       int pinned = 0, pin_tried = 0;
       double pin_s = 0;
@@ -255,8 +218,6 @@ class Pipeline {
   ChunkGrid g_;
   const PipelineStages& st_;
   int pin_device_ = -1;
-  PinMode pin_ = PinMode::early;
-  std::thread late_pinner_;  // PinMode::late: joined by run() before the buffers can go
 
  public:
   std::vector<Slot> x_ = std::vector<Slot>(2), y_ = std::vector<Slot>(2);  // handed over by `keep`
@@ -271,14 +232,9 @@ class Pipeline {
 
 }  // namespace
 
-PinMode pin_mode_from_environment() {
-  const std::string v = tune::knob_choice("HK_PIN_CHUNKS", {"early", "late", "off"});
-  return v == "late" ? PinMode::late : v == "off" ? PinMode::off : PinMode::early;
-}
-
 PipelineStats run_pipeline(const ChunkGrid& grid, int S, int D, int pin_device, const PipelineStages& stages,
-                           std::shared_ptr<void>* keep, PinMode pin) {
-  auto p = std::make_shared<Pipeline>(grid, S, D, pin_device, stages, pin);
+                           std::shared_ptr<void>* keep) {
+  auto p = std::make_shared<Pipeline>(grid, S, D, pin_device, stages);
   const PipelineStats st = p->run();
   if (keep) {
     // Only the buffers outlive the call (the rest refers to the caller's stages).

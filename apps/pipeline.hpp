@@ -70,16 +70,8 @@ struct PipelineStages {
 // of any stage (after stopping the others). With `keep` set the buffers are handed over there
 // instead of being released on return (releasing page-locked memory takes time the caller may
 // rather spend after its commit).
-// When the chunk buffers of a GPU run (pin_device >= 0) are page-locked (HK_PIN_CHUNKS):
-//   early: beside `prepare`; the first chunk's compute waits until all of them are;
-//   late:  after `prepare`, one at a time in the order the stages need them, while the compute
-//          already runs (a chunk whose buffers are not locked yet is copied through the engine's
-//          own staging: `compute` must accept ordinary memory);
-//   off:   never (every copy through the engine's staging; for a low locked-memory limit).
-enum class PinMode { early, late, off };
-PinMode pin_mode_from_environment();  // HK_PIN_CHUNKS; throws hk::Error on a value it does not accept
 PipelineStats run_pipeline(const ChunkGrid& grid, int S, int D, int pin_device, const PipelineStages& stages,
-                           std::shared_ptr<void>* keep = nullptr, PinMode pin = PinMode::early);
+                           std::shared_ptr<void>* keep = nullptr);
 
 // Input chunk buffers: 2, or 6 with a GPU: while the CUDA context and the engine are made and
 // warmed up (about half a second) the reader reads up to six chunks ahead instead of stopping

@@ -29,11 +29,9 @@ struct Record {
   bool prepared = false, read_before_prepare_returned = false;
 };
 
-void run_grid(int64_t B, int64_t chunk, int rank, int ranks, int pin_device,
-              hk::app::PinMode pin = hk::app::PinMode::early) {
+void run_grid(int64_t B, int64_t chunk, int rank, int ranks, int pin_device) {
   SCOPED_TRACE("B=" + std::to_string(B) + " chunk=" + std::to_string(chunk) + " rank " + std::to_string(rank) + "/" +
-               std::to_string(ranks) + " pin_device " + std::to_string(pin_device) + " pin mode " +
-               std::to_string(int(pin)));
+               std::to_string(ranks) + " pin_device " + std::to_string(pin_device));
   const int S = 3, D = 5;
   const hk::app::ChunkGrid g{B, chunk, rank, ranks};
   Record r;
@@ -81,7 +79,7 @@ void run_grid(int64_t B, int64_t chunk, int rank, int ranks, int pin_device,
     std::lock_guard<std::mutex> lock(r.m);
     r.written.push_back(b0);
   };
-  const hk::app::PipelineStats stats = hk::app::run_pipeline(g, S, D, pin_device, st, nullptr, pin);
+  const hk::app::PipelineStats stats = hk::app::run_pipeline(g, S, D, pin_device, st);
 
   std::vector<int64_t> mine;
   for (int64_t i = 0; i < g.local_chunks(); ++i) mine.push_back(g.first_row(g.global_index(i)));
@@ -95,11 +93,6 @@ void run_grid(int64_t B, int64_t chunk, int rank, int ranks, int pin_device,
     EXPECT_EQ(r.max_ahead, fill);
     EXPECT_GT(stats.prepare_s, 0.0);
   }
-  // Page-locking is tried on every buffer in early and late mode (a GPU run), never in off mode.
-  const int buffers = 2 * (hk::app::input_buffers(pin_device >= 0) + 2);
-  const bool tries = pin_device >= 0 && g.local_chunks() > 0 && pin != hk::app::PinMode::off;
-  EXPECT_EQ(stats.pin_tried, tries ? buffers : 0);
-  if (!HK_HAVE_CUDA) EXPECT_EQ(stats.pinned, 0);
   int64_t rows = 0;
   for (int64_t b = 0; b < B; ++b) {
     const bool own = (b / chunk) % ranks == rank;
@@ -122,35 +115,6 @@ TEST(Pipeline, EveryChunkOnceInOrderWithinTheBufferRing) {
       for (const int64_t chunk : {1, 3, 7})
         for (const int ranks : {1, 3})
           for (int rank = 0; rank < ranks; ++rank) run_grid(B, chunk, rank, ranks, pin_device);
-}
-
-// Late page-locking (its own thread, while the compute runs) and none at all: the same chunks,
-// in the same order, from the same buffers.
-TEST(Pipeline, LateAndNoPageLockingKeepTheRing) {
-  for (const hk::app::PinMode pin : {hk::app::PinMode::late, hk::app::PinMode::off})
-    for (const int64_t B : {1, 7, 23})
-      for (const int64_t chunk : {1, 3})
-        for (const int ranks : {1, 3})
-          for (int rank = 0; rank < ranks; ++rank) run_grid(B, chunk, rank, ranks, 0, pin);
-}
-
-TEST(Pipeline, PinModeFromTheEnvironment) {
-  struct Restore {
-    ~Restore() { unsetenv("HK_PIN_CHUNKS"); }
-  } restore;
-  unsetenv("HK_PIN_CHUNKS");
-  EXPECT_EQ(hk::app::pin_mode_from_environment(), hk::app::PinMode::early);
-  setenv("HK_PIN_CHUNKS", "late", 1);
-  EXPECT_EQ(hk::app::pin_mode_from_environment(), hk::app::PinMode::late);
-  setenv("HK_PIN_CHUNKS", "off", 1);
-  EXPECT_EQ(hk::app::pin_mode_from_environment(), hk::app::PinMode::off);
-  setenv("HK_PIN_CHUNKS", "sometimes", 1);
-  try {
-    hk::app::pin_mode_from_environment();
-    ADD_FAILURE() << "HK_PIN_CHUNKS=sometimes accepted";
-  } catch (const hk::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("HK_PIN_CHUNKS"), std::string::npos) << e.what();
-  }
 }
 
 TEST(Pipeline, AFailingStageStopsTheRunWithItsError) {

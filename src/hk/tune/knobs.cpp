@@ -66,12 +66,6 @@ const std::vector<Knob>& knobs() {
        "(two-phase: aggregator ranks gather neighbouring rows and write them); individual: the same "
        "collective HDF5 calls, each rank writing its own rows underneath. The bits of the file are the same "
        "in every mode."},
-      {"HK_PIN_CHUNKS", "early|late|off", "early", "io",
-       "When hk_forward page-locks its chunk buffers on a GPU run. early: beside the engine's set-up; the "
-       "first chunk's compute waits until all are locked. late: after the engine is ready, one buffer at a "
-       "time while the compute runs (chunks whose buffers are not locked yet are copied through the engine's "
-       "own staging). off: never (every copy staged; for a low locked-memory limit, ulimit -l). The output "
-       "is the same in every mode."},
       {"HK_CUDA_POISON", "0|1", "0", "tests",
        "1: fill the CUDA engine's arena with NaN at construction so a read of an unwritten element reaches "
        "the output."},
