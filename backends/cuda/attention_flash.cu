@@ -14,8 +14,10 @@
 
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <stdexcept>
 
 namespace hk::cuda {
@@ -126,7 +128,95 @@ __device__ __forceinline__ void store_zero_rows_f16(__half* out, const FlashArgs
   }
 }
 
-template <int HD, int NW>
+// The end of a key-split CTA (flash_f16_kernel, KS > 1): publishes its partial softmax state in
+// its shared memory (O unnormalised [BQ][HD] fp32 over the K/V stages, which are free now; row
+// max m in raw score units and row sum l [BQ] each), then combines rows [rank * BQ/KS, ...) of
+// the tile from all KS CTAs: M = max m_r, w_r = 2^((m_r - M) scale log2e), O = sum w_r O_r /
+// sum w_r l_r. Ranks without keys (or rows without any: m = -inf) have w = 0. The second cluster
+// barrier keeps every CTA's shared memory alive until all have read it.
+template <int HD, int NW, int KS>
+__device__ __forceinline__ void flash_combine_split(const FlashArgs& a, const SeqHead& sh, int q0,
+                                                    const float (&o)[HD / 8][4], const float (&m)[2],
+                                                    const float (&l)[2], unsigned char* smem_raw, int warp,
+                                                    int lane) {
+  constexpr int BQ = 16 * NW;
+  constexpr int NT = 32 * NW;
+  constexpr int NDT = HD / 8;
+  constexpr int LD = f16_ld<HD>();
+  constexpr int BK = F16Tile<HD>::kBK;
+  static_assert(BQ % KS == 0, "every rank combines whole rows");
+  static_assert(sizeof(float) * (size_t(BQ) * HD + 2 * BQ) <= sizeof(__half) * 4 * size_t(BK) * LD,
+                "the partial O, m and l fit where the K/V stages were");
+  float* sO = reinterpret_cast<float*>(smem_raw + sizeof(__half) * size_t(BQ) * LD);  // the K/V stages
+  float* sM = sO + BQ * HD;
+  float* sL = sM + BQ;
+  cp_async_wait<0>();  // a CTA without keys still has its Q tile in flight
+  __syncthreads();
+  const int g = lane / 4, t = lane % 4;
+  const int r_lo = warp * 16 + g, r_hi = r_lo + 8;
+#pragma unroll
+  for (int dt = 0; dt < NDT; ++dt) {
+    *reinterpret_cast<float2*>(sO + r_lo * HD + dt * 8 + 2 * t) = make_float2(o[dt][0], o[dt][1]);
+    *reinterpret_cast<float2*>(sO + r_hi * HD + dt * 8 + 2 * t) = make_float2(o[dt][2], o[dt][3]);
+  }
+  if (t == 0) {
+    sM[r_lo] = m[0];
+    sM[r_hi] = m[1];
+    sL[r_lo] = l[0];
+    sL[r_hi] = l[1];
+  }
+  cluster_sync();
+
+  constexpr int kRows = BQ / KS;
+  const int rank = int(blockIdx.z);
+  const uint32_t o_local = smem_u32(sO), m_local = smem_u32(sM), l_local = smem_u32(sL);
+  uint32_t o_at[KS], m_at[KS], l_at[KS];
+#pragma unroll
+  for (int r = 0; r < KS; ++r) {
+    o_at[r] = cluster_map(o_local, uint32_t(r));
+    m_at[r] = cluster_map(m_local, uint32_t(r));
+    l_at[r] = cluster_map(l_local, uint32_t(r));
+  }
+  __half* out = static_cast<__half*>(a.out);
+  for (int idx = int(threadIdx.x); idx < kRows * NDT; idx += NT) {
+    const int row = rank * kRows + idx / NDT, c = idx % NDT;
+    const int pos = q0 + row;
+    if (pos >= a.S || c * 8 >= a.hd || (pos >= sh.len && a.seq_start)) continue;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (pos < sh.len) {
+      float mr[KS], mx = -INFINITY;
+#pragma unroll
+      for (int r = 0; r < KS; ++r) {
+        mr[r] = ld_cluster_f32(m_at[r] + 4u * uint32_t(row));
+        mx = fmaxf(mx, mr[r]);
+      }
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, lsum = 0.f;
+#pragma unroll
+      for (int r = 0; r < KS; ++r) {
+        if (mr[r] == -INFINITY) continue;  // no keys of this row in that rank's range
+        const float w = ex2((mr[r] - mx) * a.scale_log2);
+        lsum += w * ld_cluster_f32(l_at[r] + 4u * uint32_t(row));
+        const uint32_t at = o_at[r] + 4u * uint32_t(row * HD + c * 8);
+        const float4 lo = ld_cluster_f32x4(at), hi = ld_cluster_f32x4(at + 16u);
+        acc[0] += w * lo.x; acc[1] += w * lo.y; acc[2] += w * lo.z; acc[3] += w * lo.w;
+        acc[4] += w * hi.x; acc[5] += w * hi.y; acc[6] += w * hi.z; acc[7] += w * hi.w;
+      }
+      const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+      v = make_uint4(pack_half2(acc[0] * inv, acc[1] * inv), pack_half2(acc[2] * inv, acc[3] * inv),
+                     pack_half2(acc[4] * inv, acc[5] * inv), pack_half2(acc[6] * inv, acc[7] * inv));
+    }
+    *reinterpret_cast<uint4*>(out + (sh.row0 + pos) * a.out_stride + sh.h * a.hd + c * 8) = v;
+  }
+  cluster_sync();
+}
+
+// KS > 1 (sm_90+, launched in clusters of KS CTAs along grid z): the KS CTAs of a cluster share
+// one query tile and split its visible key tiles into KS contiguous ranges; each runs the online
+// softmax over its range, leaves its unnormalised O (fp32), row max and row sum in shared
+// memory, and after a cluster barrier each CTA combines the KS partial results of a 1/KS slice
+// of the tile's rows over distributed shared memory and stores them. Same output layout and
+// rules as KS = 1 (rows >= len: zeros when dense, untouched when packed).
+template <int HD, int NW, int KS = 1>
 __global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
   constexpr int BK = F16Tile<HD>::kBK;
   constexpr bool kQRegs = F16Tile<HD>::kQInRegs;
@@ -148,8 +238,8 @@ __global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
   const SeqHead sh = seq_head(a);
   const int q0 = (gridDim.y - 1 - blockIdx.y) * BQ;
   __half* out = static_cast<__half*>(a.out);
-  if (q0 >= sh.len) {  // all rows of this tile are padding
-    if (!a.seq_start) store_zero_rows_f16<HD, NT>(out, a, sh, q0, BQ, threadIdx.x);
+  if (q0 >= sh.len) {  // all rows of this tile are padding (the whole cluster returns here)
+    if (!a.seq_start && (KS == 1 || blockIdx.z == 0)) store_zero_rows_f16<HD, NT>(out, a, sh, q0, BQ, threadIdx.x);
     return;
   }
 
@@ -165,10 +255,19 @@ __global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
   // Keys this tile can see: under causal none past its last row; never past the length.
   const int kend = a.causal ? min(sh.len, q0 + BQ) : sh.len;
   const int nkb = (kend + BK - 1) / BK;
+  // This CTA's key tiles [kb_lo, kb_hi): all of them, or its cluster rank's share.
+  int kb_lo = 0, kb_hi = nkb;
+  if constexpr (KS > 1) {
+    const int per = (nkb + KS - 1) / KS;
+    kb_lo = min(nkb, int(blockIdx.z) * per);
+    kb_hi = min(nkb, kb_lo + per);
+  }
 
   load_tile_f16<BQ, HD, NT>(sQ, q_col, sh.row0, a.qkv_stride, q0, sh.len, a.hd);
-  load_tile_f16<BK, HD, NT>(sK, k_col, sh.row0, a.qkv_stride, 0, sh.len, a.hd);
-  load_tile_f16<BK, HD, NT>(sV, v_col, sh.row0, a.qkv_stride, 0, sh.len, a.hd);
+  if (kb_lo < kb_hi) {
+    load_tile_f16<BK, HD, NT>(sK, k_col, sh.row0, a.qkv_stride, kb_lo * BK, sh.len, a.hd);
+    load_tile_f16<BK, HD, NT>(sV, v_col, sh.row0, a.qkv_stride, kb_lo * BK, sh.len, a.hd);
+  }
   cp_async_commit();
 
   // Per-lane ldmatrix offsets (bytes) inside a tile; see the fragment layouts of mma.m16n8k16.
@@ -185,10 +284,10 @@ __global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
   float l[2] = {0.f, 0.f};              // running row sum, partial over this thread's columns
   const float sl2 = a.scale_log2;
 
-  for (int kb = 0; kb < nkb; ++kb) {
-    const int stage = kb & 1;
-    if (kb + 1 < nkb) {
-      const int nxt = (kb + 1) & 1;
+  for (int kb = kb_lo; kb < kb_hi; ++kb) {
+    const int stage = (kb - kb_lo) & 1;
+    if (kb + 1 < kb_hi) {
+      const int nxt = stage ^ 1;
       load_tile_f16<BK, HD, NT>(sK + nxt * BK * LD, k_col, sh.row0, a.qkv_stride, (kb + 1) * BK, sh.len, a.hd);
       load_tile_f16<BK, HD, NT>(sV + nxt * BK * LD, v_col, sh.row0, a.qkv_stride, (kb + 1) * BK, sh.len, a.hd);
       cp_async_commit();
@@ -198,7 +297,7 @@ __global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
     }
     __syncthreads();
 
-    if (kb == 0) {
+    if (kb == kb_lo) {
       if constexpr (HD == 8) {
         ldsm_x2(qf[0][0], qf[0][1], q_base);
       } else if constexpr (kQRegs) {
@@ -312,17 +411,23 @@ __global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
         }
       }
     }
-    __syncthreads();  // stage `kb & 1` is refilled by the next iteration's prefetch
+    __syncthreads();  // the stage just read is refilled by the next iteration's prefetch
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  if constexpr (KS > 1) {
+    flash_combine_split<HD, NW, KS>(a, sh, q0, o, m, l, smem_raw, warp, lane);
+    return;
   }
 
   // Normalise, stage this warp's 16 rows as fp16 in its own rows of sQ, store 16-byte chunks.
   float inv[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
-  }
+  for (int r = 0; r < 2; ++r) inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
   __half* stage_rows = sQ + warp * 16 * LD;
 #pragma unroll
   for (int dt = 0; dt < NDT; ++dt) {
@@ -517,6 +622,11 @@ void raise_limits_hd() {
   raise_smem_limit(flash_f16_kernel<HD, 1>, f16_smem_bytes<HD, 1>());
   raise_smem_limit(flash_f32_kernel<HD>, f32_smem_bytes<HD>());
 }
+// The key-split instantiations: q64 tiles, head_dim buckets 16..64 (where one (sequence, head)
+// has few query tiles but many key tiles: long sequences with few heads), 2 or 4 CTAs per
+// cluster. Their shared memory stays under the 48 KB default.
+constexpr int kSplitHeadDims[] = {16, 32, 64};
+static_assert(f16_smem_bytes<64, 4>() <= 48 * 1024, "split instantiations need no opt-in");
 
 // Raises the dynamic shared-memory limit of every instantiation once per process (the current
 // device at first use). Called from supports() too, so it normally runs before any capture.
@@ -538,6 +648,23 @@ void launch_f16(const AttentionParams& p, cudaStream_t stream) {
   const dim3 grid(p.B * p.H, (p.S + 16 * NW - 1) / (16 * NW));
   launch_pdl(flash_f16_kernel<HD, NW>, grid, dim3(NW * 32), f16_smem_bytes<HD, NW>(), stream, make_args(p));
   HK_CUDA_CHECK_LAUNCH();
+}
+
+template <int HD, int KS>
+void launch_f16_split(const AttentionParams& p, cudaStream_t stream) {
+  const dim3 grid(p.B * p.H, (p.S + 63) / 64, KS);
+  launch_pdl_cluster(flash_f16_kernel<HD, 4, KS>, grid, dim3(128), dim3(1, 1, KS), f16_smem_bytes<HD, 4>(), stream,
+                     make_args(p));
+  HK_CUDA_CHECK_LAUNCH();
+}
+
+template <int KS>
+void dispatch_f16_split(const AttentionParams& p, cudaStream_t stream) {
+  switch (head_dim_bucket(p.head_dim)) {
+    case 16: return launch_f16_split<16, KS>(p, stream);
+    case 32: return launch_f16_split<32, KS>(p, stream);
+    default: return launch_f16_split<64, KS>(p, stream);
+  }
 }
 
 template <int HDP>
@@ -588,6 +715,14 @@ FlashQueryTile resolve_tile(const AttentionParams& p, FlashQueryTile tile) {
 }
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+// Thread-block clusters: compute capability 9.0 or newer on the current device (cached per device).
+bool current_device_has_clusters() {
+  int dev = 0, major = 0;
+  HK_CUDA_CHECK(cudaGetDevice(&dev));
+  HK_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  return major >= 9;
+}
 
 }  // namespace
 
@@ -641,6 +776,35 @@ const char* attention_flash_name(const AttentionParams& p, FlashQueryTile tile) 
 
 const char* attention_flash_name(const AttentionParams& p) {
   return attention_flash_name(p, FlashQueryTile::automatic);
+}
+
+bool attention_flash_split_supports(const AttentionParams& p, int splits) {
+  if (splits != 2 && splits != 4) return false;
+  if (p.dtype != DType::f16 || !attention_flash_supports(p)) return false;
+  const int bucket = head_dim_bucket(p.head_dim);
+  if (std::find(std::begin(kSplitHeadDims), std::end(kSplitHeadDims), bucket) == std::end(kSplitHeadDims)) return false;
+  return current_device_has_clusters();
+}
+
+void attention_flash_split(const AttentionParams& p, cudaStream_t stream, int splits) {
+  if (!attention_flash_split_supports(p, splits))
+    throw std::invalid_argument("hk::attention[cuda.flash split keys]: unsupported parameters");
+  if (p.B == 0 || p.S == 0) return;
+  if (splits == 2) return dispatch_f16_split<2>(p, stream);
+  return dispatch_f16_split<4>(p, stream);
+}
+
+const char* attention_flash_split_name(const AttentionParams& p, int splits) {
+  static const char* const kK2[] = {"hk::attention[cuda.flash.hd16.q64k2.f16]", "hk::attention[cuda.flash.hd32.q64k2.f16]",
+                                     "hk::attention[cuda.flash.hd64.q64k2.f16]"};
+  static const char* const kK4[] = {"hk::attention[cuda.flash.hd16.q64k4.f16]", "hk::attention[cuda.flash.hd32.q64k4.f16]",
+                                     "hk::attention[cuda.flash.hd64.q64k4.f16]"};
+  if (p.head_dim < 1 || p.head_dim > kMaxHeadDim || (splits != 2 && splits != 4))
+    return "hk::attention[cuda.flash.split.unsupported]";
+  const int bucket = head_dim_bucket(p.head_dim);
+  const int i = bucket == 16 ? 0 : bucket == 32 ? 1 : bucket == 64 ? 2 : -1;
+  if (i < 0) return "hk::attention[cuda.flash.split.unsupported]";
+  return splits == 2 ? kK2[i] : kK4[i];
 }
 
 }  // namespace hk::cuda

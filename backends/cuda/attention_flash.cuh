@@ -31,4 +31,13 @@ void attention_flash(const AttentionParams& p, cudaStream_t stream, FlashQueryTi
 const char* attention_flash_name(const AttentionParams& p);
 const char* attention_flash_name(const AttentionParams& p, FlashQueryTile tile);
 
+// Keys split over `splits` (2 or 4) CTAs of a thread-block cluster per 64-row query tile: each
+// CTA runs the online softmax over its share of the tile's key tiles and the cluster combines the
+// partial results over distributed shared memory (no workspace, one launch). For long sequences
+// with few (sequence, head) pairs, where the unsplit grid is short and every CTA walks many key
+// tiles. f16, head_dim buckets 16, 32 and 64, sm_90 or newer; same output contract as above.
+bool attention_flash_split_supports(const AttentionParams& p, int splits);
+void attention_flash_split(const AttentionParams& p, cudaStream_t stream, int splits);
+const char* attention_flash_split_name(const AttentionParams& p, int splits);  // "...hd32.q64k2.f16]"
+
 }  // namespace hk::cuda

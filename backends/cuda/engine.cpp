@@ -171,7 +171,8 @@ Routes routes_from_environment() {
   Routes r;
   const std::string gelu = knob_choice("HK_GELU", {"auto", "erf", "epilogue"});
   const std::string attention =
-      knob_choice("HK_ATTENTION", {"auto", "flash", "flash.q64", "flash.q16", "cudnn", "materialized"});
+      knob_choice("HK_ATTENTION", {"auto", "flash", "flash.q64", "flash.q16", "flash.k2", "flash.k4", "cudnn",
+                                   "materialized"});
   const std::string graph = knob_choice("HK_GRAPH", {"auto", "0", "1"});
   r.gelu_epilogue = gelu == "epilogue";
   r.prefer_cudnn = attention == "cudnn";
@@ -182,7 +183,8 @@ Routes routes_from_environment() {
   r.tune_remeasure = knob_choice("HK_TUNE_REMEASURE", {"0", "1"}) == "1";
   if (r.tune) r.tune_cache_dir = tune::TuneCache::default_directory();
   if (gelu == "erf") r.pins["gelu"] = "erf";
-  if (attention == "flash" || attention == "flash.q64" || attention == "flash.q16" || attention == "materialized")
+  if (attention == "flash" || attention == "flash.q64" || attention == "flash.q16" || attention == "flash.k2" ||
+      attention == "flash.k4" || attention == "materialized")
     r.pins["attention"] = attention;
   if (graph == "1") r.pins["graph"] = "1";
   const std::string layout = knob_choice("HK_GEMM_LAYOUT", {"auto", "nk", "kn"});
@@ -300,6 +302,7 @@ struct CudaEngine::Impl {
   int max_batch = 0, S = 0, device = 0;
   Routes routes;
   std::string device_desc;
+  int sm_count = 0;
   // The constructor's parts (ms, for stats()): waiting for / making the context, streams and the
   // cuBLASLt handle, the weights' upload, the activation arena; and the whole.
   double ctor_context_ms = 0, ctor_handles_ms = 0, ctor_weights_ms = 0, ctor_arena_ms = 0, ctor_ms = 0;
@@ -424,6 +427,7 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
   d << prop.name << " (sm_" << prop.major << prop.minor << ", " << prop.multiProcessorCount << " SMs, "
     << (prop.totalGlobalMem >> 30) << " GiB)";
   device_desc = d.str();
+  sm_count = prop.multiProcessorCount;
   act = precision == Precision::fast ? DType::f16 : DType::f32;
   eps = float(cfg.eps);
   pin_attention = pin_of(routes, "attention", routes.prefer_cudnn ? "cudnn" : "");
@@ -650,15 +654,15 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B, int64_t rows) {
   a.dtype = act;
   const bool want_cudnn = pin_attention == "cudnn" || (routes.tune && pin_attention.empty());
   if (want_cudnn && p->packed) {
-    p->attention_note = "the padding-free layout is not a cuDNN route here";
+    p->attention_note = "cudnn not used: the padding-free layout is not a cuDNN route here";
   } else if (want_cudnn) {
     std::string why;
     if (!CudnnRoute::runtime_ok(&why)) {
-      p->attention_note = why;
+      p->attention_note = "cudnn not used: " + why;
     } else {
       auto c = std::make_unique<CudnnRoute>();
       if (!c->supports(a)) {
-        p->attention_note = "cuDNN does not support this shape/dtype";
+        p->attention_note = "cudnn not used: cuDNN does not support this shape/dtype";
       } else {
         c->prepare(a, capture_stream);  // plan time: cuDNN builds its plan outside any capture
         p->cudnn_workspace = DeviceBuffer(c->workspace_bytes(a));
@@ -817,16 +821,23 @@ void CudaEngine::Impl::build_table(Plan& p) {
   // flash kernel with its occupancy-chosen tile first, then its other tile and cuDNN.
   const bool flash_ok = flash_route_supports(p.attn);
   auto flash = [&](FlashTile tile, const std::string& id) {
+    const bool ok = flash_route_supports(p.attn, tile);
     add(single_step_kernel<Ctx>(
-            flash_ok ? flash_route_name(p.attn, tile) : std::string("hk::attention[cuda.flash]"), StepKind::attention,
+            ok ? flash_route_name(p.attn, tile) : std::string("hk::attention[cuda.flash]"), StepKind::attention,
             [P, tile](Ctx& c, const Step&) {
               AttentionParams a = P->attn;
               a.lengths = c.lengths;
               flash_route_run(a, c.stream, tile);
             },
-            [flash_ok](const Shape&) { return flash_ok; }),
+            [ok](const Shape&) { return ok; }),
         id, {"backends/cuda/attention_flash", "backends/cuda/attention_route"});
   };
+  // Keys split over a cluster of CTAs: candidates (tuning) where a sequence has at least 4 key
+  // tiles of 64 and the unsplit q64 grid is at most 8 CTAs per SM, so that each CTA walks many key
+  // tiles while few CTAs run (case 10's 16 x 512).
+  const int64_t q64_ctas = int64_t(p.attn.B) * p.attn.H * ((p.attn.S + 63) / 64);
+  const bool split_worth = p.attn.S >= 256 && q64_ctas <= 8 * int64_t(sm_count);
+  const auto split_tile = [](const std::string& id) { return id == "flash.k2" ? FlashTile::q64k2 : FlashTile::q64k4; };
   auto cudnn = [&] {
     add(single_step_kernel<Ctx>(p.cudnn->name(), StepKind::attention,
                                 [P](Ctx& c, const Step&) {
@@ -853,16 +864,23 @@ void CudaEngine::Impl::build_table(Plan& p) {
     materialized();
   } else if ((pin_attention == "flash.q64" || pin_attention == "flash.q16") && f16_tiles) {
     flash(pin_attention == "flash.q64" ? FlashTile::q64 : FlashTile::q16, pin_attention);
+  } else if ((pin_attention == "flash.k2" || pin_attention == "flash.k4") &&
+             flash_route_supports(p.attn, split_tile(pin_attention))) {
+    flash(split_tile(pin_attention), pin_attention);
   } else {
     flash(FlashTile::automatic, "flash");
     if (pin_attention.empty() && routes.tune) {
       if (f16_tiles) flash(auto_is_q64 ? FlashTile::q16 : FlashTile::q64, auto_is_q64 ? "flash.q16" : "flash.q64");
+      for (const char* id : {"flash.k2", "flash.k4"})
+        if (split_worth && flash_route_supports(p.attn, split_tile(id))) flash(split_tile(id), id);
       if (p.cudnn) cudnn();
       if (p.materialized) materialized();
     }
   }
   if ((pin_attention == "flash.q64" || pin_attention == "flash.q16") && !f16_tiles)
-    p.attention_note = "query tiles exist for the f16 kernel only";
+    p.attention_note = "HK_ATTENTION: query tiles exist for the f16 kernel only";
+  if ((pin_attention == "flash.k2" || pin_attention == "flash.k4") && !flash_route_supports(p.attn, split_tile(pin_attention)))
+    p.attention_note = "HK_ATTENTION: key splits need the f16 kernel, head_dim 16-64 and thread-block clusters (sm_90+)";
 
   add(single_step_kernel<Ctx>("hk::gemm[cuda.cublaslt.bias_residual]", StepKind::out_proj,
                               [E, P](Ctx& c, const Step& s) {
@@ -2098,10 +2116,10 @@ std::string CudaEngine::Impl::explain_plan(const Plan& p, int B) const {
                          : "exact erf pass" + (p.gelu_note.empty() ? std::string() : " (" + p.gelu_note + ")"))
     << (chain_tanh ? "; tanh form inside the fused post-attention chain (measured)" : "") << "\n";
   std::string att = "flash";
-  for (const char* id : {"flash.q64", "flash.q16", "cudnn", "materialized", "qkv_attention"})
+  for (const char* id : {"flash.q64", "flash.q16", "flash.k2", "flash.k4", "cudnn", "materialized", "qkv_attention"})
     if (uses(id)) att = id;
   o << "attention: " << att << (att == "cudnn" && p.cudnn ? " (" + p.cudnn->plan_info(p.attn) + ")" : "")
-    << (p.attention_note.empty() ? "" : " (cudnn not used: " + p.attention_note + ")")
+    << (p.attention_note.empty() ? "" : " (" + p.attention_note + ")")
     << (p.materialized_note.empty() ? "" : " (materialized not used: " + p.materialized_note + ")") << "\n";
   for (const std::string& n : p.chain_notes) o << "chain " << n << "\n";
   if (!p.whole_model_note.empty()) o << p.whole_model_note << "\n";

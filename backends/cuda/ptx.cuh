@@ -75,6 +75,49 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// Thread-block clusters (sm_90+; launch.hpp: launch_pdl_cluster). cluster_sync: every thread of
+// every CTA of the cluster arrives (release) and waits (acquire), so shared-memory writes made
+// before it are visible to the other CTAs after it. cluster_map: the address of the same shared
+// variable in the CTA of cluster rank `rank` (shared::cluster window); ld_cluster_*: loads from
+// such an address. Compile to a trap before sm_90 (a cluster kernel is never launched there).
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ uint32_t cluster_map(uint32_t smem_addr, uint32_t rank) {
+  uint32_t r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(smem_addr), "r"(rank));
+#else
+  __trap();
+#endif
+  return r;
+}
+__device__ __forceinline__ float ld_cluster_f32(uint32_t addr) {
+  float v = 0.f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+#else
+  __trap();
+#endif
+  return v;
+}
+__device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr) {
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+#else
+  __trap();
+#endif
+  return v;
+}
+
 // Sums of a and b over the 4 lanes of the caller's quad (the lanes holding one row pair of an
 // mma C fragment), left in every lane of the quad.
 __device__ __forceinline__ void quad_sum(float& a, float& b) {

@@ -211,6 +211,7 @@ if want ab; then
       line="case $c"
       for v in ${ab_vals//,/ }; do
         (cd "$share" && env "$ab_knob=$v" hk_bench_cuda --only "$c" --tune on --tune-cache "$work/ab-$v" \
+           --plans "$OUT/ab-plans-$c-$v.txt" \
            --benchmark_format=json --benchmark_out="$OUT/ab-$c-$v.json" --benchmark_out_format=json) >/dev/null 2>&1
         ms=$(python3 -c "import json,sys; b=json.load(open(sys.argv[1]))['benchmarks'][0]; print('%.4f' % b['real_time'])" \
              "$OUT/ab-$c-$v.json" 2>/dev/null || echo failed)

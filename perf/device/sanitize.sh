@@ -5,7 +5,7 @@
 #   tune0        HK_TUNE=0: every decision at its default
 #   tune1        HK_TUNE=1 with no cache: every candidate of every decision is measured, so each
 #                one runs under the tool (its timings mean nothing there)
-#   flash, flash.q16, flash.q64, cudnn   HK_ATTENTION pinned (HK_TUNE=0)
+#   flash, flash.q16, flash.q64, flash.k2, flash.k4, cudnn   HK_ATTENTION pinned (HK_TUNE=0)
 #   epilogue     HK_GELU=epilogue (HK_TUNE=0)
 #   chains-off   HK_CHAINS=off with HK_TUNE=1: the tuned plan of single-step kernels
 #   graph0       HK_GRAPH=0: eager launches
@@ -23,6 +23,7 @@
 #   HK_SAN_BUDGET   seconds for the whole script (default 360)
 #   HK_SAN_JOBS     runs at a time (default: half the CPUs, 2..8)
 #   HK_SAN_TOOLS    tools to run (default "memcheck racecheck synccheck initcheck")
+#   HK_SAN_ROUTES   only these routes (space-separated names as above; default: all)
 #   HK_SAN_TIMEOUT  per-run limit in seconds (default 120; racecheck 150), cut to the budget left
 #   COMPUTE_SANITIZER  the compute-sanitizer executable (default: PATH, then /usr/local/cuda/bin)
 # Exit status: 0 when no run reported an error or failed; 1 otherwise; 2 on a usage or setup
@@ -104,6 +105,8 @@ route_env[tune1]="HK_TUNE=1 HK_TUNE_CACHE=off HK_TUNE_VERBOSE=1";  route_opt[tun
 route_env[flash]="HK_TUNE=0 HK_ATTENTION=flash";                   route_opt[flash]="--precision fast"
 route_env[flash.q16]="HK_TUNE=0 HK_ATTENTION=flash.q16";           route_opt[flash.q16]="--precision fast"
 route_env[flash.q64]="HK_TUNE=0 HK_ATTENTION=flash.q64";           route_opt[flash.q64]="--precision fast"
+route_env[flash.k2]="HK_TUNE=0 HK_ATTENTION=flash.k2";             route_opt[flash.k2]="--precision fast"
+route_env[flash.k4]="HK_TUNE=0 HK_ATTENTION=flash.k4";             route_opt[flash.k4]="--precision fast"
 route_env[cudnn]="HK_TUNE=0 HK_ATTENTION=cudnn";                   route_opt[cudnn]="--precision fast"
 route_env[epilogue]="HK_TUNE=0 HK_GELU=epilogue";                  route_opt[epilogue]="--precision fast"
 route_env[chains-off]="HK_TUNE=1 HK_TUNE_CACHE=off HK_TUNE_VERBOSE=1 HK_CHAINS=off"
@@ -117,13 +120,14 @@ route_env[materialized]="HK_TUNE=0 HK_ATTENTION=materialized";       route_opt[m
 route_env[fp32]="HK_TUNE=0";                                       route_opt[fp32]="--precision fp32"
 route_env[fp32-tune1]="HK_TUNE=1 HK_TUNE_CACHE=off HK_TUNE_VERBOSE=1"
 route_opt[fp32-tune1]="--precision fp32"
-all_routes="tune0 tune1 cudnn flash.q16 flash.q64 epilogue chains-off graph0 pack1 pack1-tune1 fp32 fp32-tune1 flash"
-fast_routes="tune0 tune1 cudnn flash.q16 flash.q64 epilogue chains-off graph0 pack1 pack1-tune1 flash"
+all_routes="tune0 tune1 cudnn flash.q16 flash.q64 flash.k2 flash.k4 epilogue chains-off graph0 pack1 pack1-tune1 fp32 fp32-tune1 flash"
+fast_routes="tune0 tune1 cudnn flash.q16 flash.q64 flash.k2 flash.k4 epilogue chains-off graph0 pack1 pack1-tune1 flash"
 
 # ---- the run list, in priority order: "tool route shape" ------------------------------------------
 has_tool() { [[ " $tools " == *" $1 "* ]]; }
 runs=()
-add() { has_tool "$1" && runs+=("$1 $2 $3"); }
+want_route() { [ -z "${HK_SAN_ROUTES:-}" ] || [[ " $HK_SAN_ROUTES " == *" $1 "* ]]; }
+add() { has_tool "$1" && want_route "$2" && runs+=("$1 $2 $3"); }
 for tool in memcheck racecheck synccheck initcheck; do
   add $tool tune1 split
   add $tool pack1-tune1 split
@@ -133,6 +137,13 @@ for tool in memcheck racecheck synccheck initcheck; do
   # Routes only a pin reaches for sure (tune1 measures them only where they are candidates).
   add $tool persistent small
   add $tool materialized tiny
+done
+# The key-split attention routes on shapes they take (head_dim 32 and 64; S 33 and 129: ranks
+# without key tiles, and tiles shared out over the cluster).
+for tool in memcheck racecheck synccheck initcheck; do
+  add $tool flash.k4 split
+  add $tool flash.k2 long
+  add $tool flash.k4 long
 done
 for r in $all_routes; do add memcheck "$r" mid; done
 for r in $all_routes; do add memcheck "$r" long; done

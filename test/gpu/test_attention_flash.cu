@@ -10,8 +10,9 @@
 //   - nothing outside those elements is touched (pad columns, packed gaps, guard rows),
 //   - |out - ref| <= 2e-3 + 1e-2 |ref| (f16) or <= 1e-5 (f32).
 // Graph cases also replay the captured graph after new qkv and lengths were written in place.
-// Branches named in the table: the instantiation (hd bucket, q64/q16 query tile), masked
-// head_dim columns (hd not a power of two), packed layout, lengths = null, causal, strided rows.
+// Branches named in the table: the instantiation (hd bucket, q64/q16 query tile, or q64 with the
+// keys split over a cluster of 2 / 4 CTAs), masked head_dim columns (hd not a power of two),
+// packed layout, lengths = null, causal, strided rows.
 #include "attention_flash.cuh"
 
 #include <cuda_fp16.h>
@@ -63,6 +64,7 @@ struct Case {
   bool packed = false;
   Lens lens = Lens::random;
   FlashQueryTile tile = FlashQueryTile::automatic;
+  int splits = 0;     // 2 / 4: keys split over a cluster (attention_flash_split); 0: attention_flash
   int qkv_pad = 0;    // extra elements per qkv row
   int out_pad = 0;    // extra elements per out row
   float q_amp = 1.f;  // > 1 gives peaked softmax rows (exercises the running-max rescale)
@@ -284,6 +286,7 @@ void sync_or_die(cudaStream_t stream) {
 // buffers, replay the same graph and check again (nothing but pointers may be baked in).
 Outcome run_case(const Case& c, std::mt19937_64& rng, std::string& name) {
   Outcome r;
+  cudaStream_t stream_of_case = nullptr;
   const Problem pr = make_problem(c, rng);
   DeviceProblem d(c, pr, c.dtype == DType::f16 ? 2 : 4);
   upload(c, pr, d);
@@ -302,17 +305,21 @@ Outcome run_case(const Case& c, std::mt19937_64& rng, std::string& name) {
   p.scale = float(1.0 / std::sqrt(double(c.hd)));
   p.causal = c.causal;
   p.dtype = c.dtype;
-  name = hk::cuda::attention_flash_name(p, c.tile);
-  if (!hk::cuda::attention_flash_supports(p)) {
+  name = c.splits ? hk::cuda::attention_flash_split_name(p, c.splits) : hk::cuda::attention_flash_name(p, c.tile);
+  if (c.splits ? !hk::cuda::attention_flash_split_supports(p, c.splits) : !hk::cuda::attention_flash_supports(p)) {
     r.error = "supports() = false";
     return r;
   }
+  const auto launch = [&] {
+    if (c.splits) hk::cuda::attention_flash_split(p, stream_of_case, c.splits);
+    else hk::cuda::attention_flash(p, stream_of_case, c.tile);
+  };
 
-  cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream_of_case, cudaStreamNonBlocking));
+  cudaStream_t stream = stream_of_case;
   if (!c.graph) {
     try {
-      hk::cuda::attention_flash(p, stream, c.tile);
+      launch();
     } catch (const std::exception& e) {
       r.error = e.what();
     }
@@ -323,7 +330,7 @@ Outcome run_case(const Case& c, std::mt19937_64& rng, std::string& name) {
     cudaGraphExec_t exec = nullptr;
     CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
     try {
-      hk::cuda::attention_flash(p, stream, c.tile);
+      launch();
     } catch (const std::exception& e) {
       r.error = e.what();
     }
@@ -349,11 +356,12 @@ Outcome run_case(const Case& c, std::mt19937_64& rng, std::string& name) {
   return r;
 }
 
-const char* tile_name(FlashQueryTile t) {
-  return t == FlashQueryTile::q64 ? "q64" : t == FlashQueryTile::q16 ? "q16" : "auto";
+const char* tile_name(const Case& c) {
+  if (c.splits) return c.splits == 2 ? "k2" : "k4";
+  return c.tile == FlashQueryTile::q64 ? "q64" : c.tile == FlashQueryTile::q16 ? "q16" : "auto";
 }
 
-std::vector<Case> make_cases() {
+std::vector<Case> make_cases(bool split_cases) {
   std::vector<Case> cases;
   int k = 0;  // cycles B, H, lengths, paddings and amplitude across the sweep
   const int Bs[2] = {1, 3}, Hs[3] = {1, 2, 4};
@@ -400,8 +408,7 @@ std::vector<Case> make_cases() {
           c.q_amp = (k % 3 == 1) ? 2.f : 1.f;
           cases.push_back(c);
         }
-  // Long sequences: many key tiles, the causal diagonal deep inside, lengths far from S (up to
-  // hd 64 the 3-stage key pipeline, above it the 2-stage one).
+  // Long sequences: many key tiles, the causal diagonal deep inside, lengths far from S.
   for (DType dt : {DType::f16, DType::f32})
     for (int hd : {8, 32, 64, 128, 256})
       for (int S : {256, 1024})
@@ -438,6 +445,47 @@ std::vector<Case> make_cases() {
       c.note = "cases.csv shape";
       cases.push_back(c);
     }
+  // Keys split over a cluster of 2 / 4 CTAs (sm_90+): the head dims of its instantiations plus
+  // 24 and 40 (masked columns), sequences shorter than one key tile per split (CTAs without keys),
+  // one tile, many tiles, causal (the diagonal inside one rank's range), packed and dense, edge
+  // lengths, peaked rows (the combine's rescale), padded strides; then case 10's shape.
+  if (split_cases)
+    for (int splits : {2, 4})
+      for (int hd : {16, 24, 32, 40, 64})
+        for (int S : {1, 70, 200, 513})
+          for (int causal = 0; causal < 2; ++causal, ++k) {
+            Case c;
+            c.dtype = DType::f16;
+            c.splits = splits;
+            c.hd = hd;
+            c.S = S;
+            c.causal = causal;
+            c.packed = k % 2;
+            c.B = Bs[k % 2];
+            c.H = Hs[k % 3];
+            c.lens = lens_cycle[k % 4];
+            c.qkv_pad = (k % 5 == 2) ? 8 : 0;
+            c.out_pad = (k % 7 == 3) ? 16 : 0;
+            c.q_amp = (k % 3 == 1) ? 4.f : 1.f;
+            c.note = "keys split";
+            cases.push_back(c);
+          }
+  if (split_cases)
+    for (int splits : {2, 4})
+      for (int packed = 0; packed < 2; ++packed) {
+        Case c;
+        c.dtype = DType::f16;
+        c.splits = splits;
+        c.B = 16;
+        c.S = 512;
+        c.H = 4;
+        c.hd = 32;
+        c.packed = packed;
+        c.lens = Lens::random;
+        c.q_amp = 2.f;
+        c.note = "keys split, case 10 shape";
+        cases.push_back(c);
+      }
   // CUDA-graph capture and replay.
   for (DType dt : {DType::f16, DType::f32}) {
     Case c;
@@ -450,6 +498,20 @@ std::vector<Case> make_cases() {
     c.lens = Lens::edge;
     c.graph = true;  // dense: the in-place rewrite keeps the buffer sizes
     c.note = "graph capture + replay with new data";
+    cases.push_back(c);
+  }
+  if (split_cases) {
+    Case c;
+    c.dtype = DType::f16;
+    c.splits = 4;
+    c.B = 3;
+    c.S = 300;
+    c.H = 2;
+    c.hd = 32;
+    c.causal = true;
+    c.lens = Lens::edge;
+    c.graph = true;
+    c.note = "keys split: graph capture + replay with new data";
     cases.push_back(c);
   }
   return cases;
@@ -482,6 +544,31 @@ int check_supports(int& failures) {
     failures += !ok;
     std::printf("%4s  supports(%s) = %s  %s\n", "api", pr.what, got ? "true" : "false", ok ? "PASS" : "FAIL");
     ++n;
+  }
+  // Key splits: only 2 / 4, f16, head_dim buckets 16-64, and only where clusters exist.
+  {
+    int dev = 0, major = 0;
+    CHECK_CUDA(cudaGetDevice(&dev));
+    CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    struct SplitProbe { DType dt; int hd; int splits; bool expect; const char* what; };
+    const SplitProbe sp[] = {{DType::f16, 32, 2, major >= 9, "split f16 hd32 k2"},
+                             {DType::f16, 64, 4, major >= 9, "split f16 hd64 k4"},
+                             {DType::f16, 16, 3, false, "split k3"},
+                             {DType::f16, 8, 2, false, "split hd8"},
+                             {DType::f16, 128, 2, false, "split hd128"},
+                             {DType::f32, 32, 2, false, "split f32"}};
+    for (const SplitProbe& q : sp) {
+      p.dtype = q.dt;
+      p.head_dim = q.hd;
+      p.qkv_row_stride = 3 * p.H * q.hd;
+      p.out_row_stride = p.H * q.hd;
+      p.scale = 1.f;
+      const bool got = hk::cuda::attention_flash_split_supports(p, q.splits);
+      const bool ok = got == q.expect;
+      failures += !ok;
+      std::printf("%4s  split_supports(%s) = %s  %s\n", "api", q.what, got ? "true" : "false", ok ? "PASS" : "FAIL");
+      ++n;
+    }
   }
   // B = 0 and S = 0 are no-ops that launch nothing.
   p.dtype = DType::f16;
@@ -517,7 +604,10 @@ int main() {
   int checks = check_supports(failures);
 
   std::mt19937_64 rng(20261129);
-  const std::vector<Case> cases = make_cases();
+  // Key splits need thread-block clusters: their cases run on sm_90 and newer only (said here).
+  const bool clusters = prop.major >= 9;
+  if (!clusters) std::printf("keys-split cases not run: sm_%d%d has no thread-block clusters\n", prop.major, prop.minor);
+  const std::vector<Case> cases = make_cases(clusters);
   std::printf("\n%4s %-5s %4s %5s %2s %2s %3s %-6s %-5s %-4s %-40s %10s %7s %5s %5s %5s %5s  %s\n", "id", "dtype",
               "hd", "S", "B", "H", "cau", "layout", "lens", "tile", "kernel", "max_err", "err/tol", "bad", "unwr",
               "pad!0", "clob", "result");
@@ -529,7 +619,7 @@ int main() {
     failures += !r.ok();
     std::printf("%4zu %-5s %4d %5d %2d %2d %3d %-6s %-5s %-4s %-40s %10.3e %7.3f %5ld %5ld %5ld %5ld  %s%s%s%s\n", i,
                 c.dtype == DType::f16 ? "f16" : "f32", c.hd, c.S, c.B, c.H, int(c.causal),
-                c.packed ? "packed" : "dense", lens_name(c.lens), c.dtype == DType::f16 ? tile_name(c.tile) : "-", name.c_str(), r.max_err,
+                c.packed ? "packed" : "dense", lens_name(c.lens), c.dtype == DType::f16 ? tile_name(c) : "-", name.c_str(), r.max_err,
                 r.worst_ratio, r.bad, r.unwritten, r.nonzero_pad, r.clobbered, r.ok() ? "PASS" : "FAIL",
                 c.note.empty() ? "" : "  ", c.note.c_str(), r.error.empty() ? "" : ("  error: " + r.error).c_str());
   }
