@@ -381,24 +381,21 @@ __global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
           o[dt][2 * r + 1] *= alpha;
         }
       }
-      // p = 2^(s scale log2e - m scale log2e), two at a time in fp16 (the exponent computed in
-      // fp32, then rounded; ex2.approx.f16x2): p goes into the PV product as fp16 anyway, and
-      // the row sum adds the same rounded values. Halves the SFU work, the limit at small head_dim.
-      uint32_t ph[NKT][2];  // [n-tile][row g / g + 8]: columns 2t, 2t + 1
 #pragma unroll
       for (int nt = 0; nt < NKT; ++nt) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          ph[nt][r] = ex2_h2(pack_half2(fmaf(s[nt][2 * r], sl2, -mb[r]), fmaf(s[nt][2 * r + 1], sl2, -mb[r])));
-          const float2 pf = __half22float2(*reinterpret_cast<const __half2*>(&ph[nt][r]));
-          l[r] += pf.x + pf.y;
+        for (int e = 0; e < 4; ++e) {
+          s[nt][e] = ex2(fmaf(s[nt][e], sl2, -mb[e >> 1]));
+          l[e >> 1] += s[nt][e];
         }
       }
 
-      // O += P V: the probabilities of two adjacent key n-tiles form one A fragment.
+      // O += P V: the score accumulators of two adjacent key n-tiles form one A fragment.
 #pragma unroll
       for (int ks = 0; ks < BK / 16; ++ks) {
-        const uint32_t pa[4] = {ph[2 * ks][0], ph[2 * ks][1], ph[2 * ks + 1][0], ph[2 * ks + 1][1]};
+        const uint32_t pa[4] = {pack_half2(s[2 * ks][0], s[2 * ks][1]), pack_half2(s[2 * ks][2], s[2 * ks][3]),
+                                pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                                pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
         if constexpr (HD == 8) {
           uint32_t b0, b1;
           ldsm_x2_t(b0, b1, v_tile + ks * 16 * LD * 2);

@@ -132,13 +132,6 @@ __device__ __forceinline__ float ex2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
-// 2^x of both halves of an fp16 pair in one SFU operation (half the MUFU work of two fp32 ex2;
-// max relative error 2^-9.9 per the PTX ISA, on top of the argument's fp16 rounding).
-__device__ __forceinline__ uint32_t ex2_h2(uint32_t x) {
-  uint32_t y;
-  asm("ex2.approx.f16x2 %0, %1;\n" : "=r"(y) : "r"(x));
-  return y;
-}
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
