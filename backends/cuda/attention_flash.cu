@@ -281,7 +281,11 @@ __global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
 #pragma unroll
   for (int i = 0; i < NDT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY};  // running row max (raw score units), rows g and g+8
-  float l[2] = {0.f, 0.f};              // running row sum, partial over this thread's columns
+  // Running row sums as an mma accumulator: P (fp16, as it enters the PV product) times a 16 x 8
+  // block of ones, so [0] / [2] hold the whole sum of rows g / g + 8 (every column the same; [1]
+  // and [3] are never read). Instead of one add per probability on the issue-bound path.
+  float lacc[4] = {0.f, 0.f, 0.f, 0.f};
+  constexpr uint32_t kOnes = 0x3C003C00u;  // fp16 1.0 pair: the B fragment of the ones block
   const float sl2 = a.scale_log2;
 
   for (int kb = kb_lo; kb < kb_hi; ++kb) {
@@ -346,16 +350,22 @@ __global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
         }
       }
 
-      // Masks only where the tile crosses the length or this warp's diagonal.
+      // Masks only where the tile crosses the length or this warp's diagonal. Key j of this
+      // thread's element (nt, e) is k0 + 2t + nt*8 + (e & 1); row i may see keys up to
+      // lim(i) = causal ? min(i, len - 1) : len - 1, so the element stays iff its compile-time
+      // offset nt*8 + (e & 1) <= lim(i) - k0 - 2t (one compare per element).
       if (k0 + BK > sh.len || (a.causal && k0 + BK - 1 > qw0)) {
+        int lim[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = qw0 + g + 8 * r;
+          lim[r] = (a.causal ? min(i, sh.len - 1) : sh.len - 1) - (k0 + 2 * t);
+        }
 #pragma unroll
         for (int nt = 0; nt < NKT; ++nt) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int j = k0 + nt * 8 + 2 * t + (e & 1);
-            const int i = qw0 + g + (e >> 1) * 8;
-            if (j >= sh.len || (a.causal && j > i)) s[nt][e] = -INFINITY;
-          }
+          for (int e = 0; e < 4; ++e)
+            if (nt * 8 + (e & 1) > lim[e >> 1]) s[nt][e] = -INFINITY;
         }
       }
 
@@ -374,7 +384,7 @@ __global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
         mb[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
         const float alpha = ex2(m[r] * sl2 - mb[r]);
         m[r] = mx[r];
-        l[r] *= alpha;
+        lacc[2 * r] *= alpha;
 #pragma unroll
         for (int dt = 0; dt < NDT; ++dt) {
           o[dt][2 * r] *= alpha;
@@ -386,7 +396,6 @@ __global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           s[nt][e] = ex2(fmaf(s[nt][e], sl2, -mb[e >> 1]));
-          l[e >> 1] += s[nt][e];
         }
       }
 
@@ -396,6 +405,7 @@ __global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
         const uint32_t pa[4] = {pack_half2(s[2 * ks][0], s[2 * ks][1]), pack_half2(s[2 * ks][2], s[2 * ks][3]),
                                 pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
                                 pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+        mma_16816(lacc, pa, kOnes, kOnes);
         if constexpr (HD == 8) {
           uint32_t b0, b1;
           ldsm_x2_t(b0, b1, v_tile + ks * 16 * LD * 2);
@@ -414,11 +424,7 @@ __global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
     __syncthreads();  // the stage just read is refilled by the next iteration's prefetch
   }
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
+  const float l[2] = {lacc[0], lacc[2]};  // whole row sums already (the mma summed over the quad)
   if constexpr (KS > 1) {
     flash_combine_split<HD, NW, KS>(a, sh, q0, o, m, l, smem_raw, warp, lane);
     return;
