@@ -403,7 +403,7 @@ int run(const Options& o, int* argc, char*** argv) {
       // The child's memory adds to this process's while both run: an eighth of the cap.
       const size_t child_bytes = mem_cap > 0 ? size_t(mem_cap / 8) : kChildBufferBytes;
       child = std::make_unique<hk::app::ValidationChild>(model_path, input, o.validate_timeout, launch.size > 1,
-                                                         child_bytes);
+                                                         o.explain, child_bytes);
     }
     // A rank of a job sees only its own GPU of the node (CUDA_VISIBLE_DEVICES, set before CUDA
     // starts, after the fork): CUDA then sets up one GPU per process instead of every GPU in
@@ -817,7 +817,8 @@ int main(int argc, char** argv) {
   app.add_flag("--no-fork-validate", o.no_fork_validate,
                "skip validating the files in a forked child (that child, running just ahead of the reading, "
                "turns a crash of the HDF5 library on a damaged file into a clean error, at the cost of a "
-               "second read of the input)");
+               "second pass over the input: a walk of x's chunk index when x has no filters, a second read "
+               "when it has)");
   app.add_option("--validate-timeout", o.validate_timeout,
                  "seconds without progress after which the validation child counts as hung inside the HDF5 "
                  "library (a clean error; 0: wait forever)")

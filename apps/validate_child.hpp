@@ -6,9 +6,14 @@
 //
 // The child runs alongside the parent's pipeline instead of before it: it validates the model,
 // the input's shapes and lengths, then x in blocks in row order, reporting how far it got; the
-// parent reads a chunk of x only once the child has survived reading it (so the parent never
-// touches bytes the child has not), and with the file in the page cache its read right behind
-// the child is cheap. Header-only so that it needs no build rule of its own; construct it
+// parent reads a chunk of x only once the child has survived going through it (so the parent
+// never touches storage the child has not), and with the file in the page cache its read right
+// behind the child is cheap. Going through x means reading it (every element, checked) when x
+// has filters, whose decoding is where damaged data crashes the library; without filters the
+// child reads the first block (the read and conversion path) and then walks the chunk index of
+// the rest (InputFile::probe: every chunk looked up, its extent checked against the file) instead
+// of reading the values a second time: the parent's reader checks every value it reads. With
+// `full` (hk_forward --explain, which computes nothing) the child reads and checks all of x. Header-only so that it needs no build rule of its own; construct it
 // before the process starts any thread (fork copies only the caller).
 #pragma once
 
@@ -72,7 +77,7 @@ inline bool channel_read_line(int fd, std::string& line) {
 // out of memory: the parent then relies on its own checks). `split`: the ranks of a job share
 // x, and the child waits for the chunk grid from the parent to know which rows are this rank's.
 [[noreturn]] inline void validate_and_exit(int fd, const std::string& model_path, const std::string& input, bool split,
-                                           size_t buffer_bytes, pid_t parent) {
+                                           bool full, size_t buffer_bytes, pid_t parent) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto took = [&] {
     char buf[48];
@@ -111,11 +116,13 @@ inline bool channel_read_line(int fd, std::string& line) {
     std::vector<float> x(size_t(nb_max * per_seq));
     std::vector<int32_t> len(static_cast<size_t>(nb_max));
     // This process's chunks k = rank, rank + ranks, ... of the grid, in row order.
+    bool first = true;
     for (int64_t k = rank; k * chunk < B; k += ranks) {
       const int64_t end = std::min(B, (k + 1) * chunk);
       for (int64_t b0 = k * chunk; b0 < end;) {
         const int64_t nb = std::min(nb_max, end - b0);
-        in.read(b0, nb, x.data(), len.data());
+        if (full || first || !in.probe(b0, nb)) in.read(b0, nb, x.data(), len.data());
+        first = false;
         b0 += nb;
         channel_write(fd, "upto " + std::to_string(b0) + "\n");
       }
@@ -153,9 +160,10 @@ class ValidationChild {
   using Interrupted = std::function<bool()>;
 
   // Forks the child; no thread may exist yet. `split`: the ranks of a job share the reading of x
-  // (the child then waits for start() to learn this rank's chunks). `buffer_bytes` bounds the
-  // child's memory for x (buffer, float16 staging and HDF5 chunk cache).
-  ValidationChild(const std::string& model_path, const std::string& input, int stall_seconds, bool split,
+  // (the child then waits for start() to learn this rank's chunks). `full`: the child reads and
+  // checks every element of x even where walking its storage would do (see above). `buffer_bytes`
+  // bounds the child's memory for x (buffer, float16 staging and HDF5 chunk cache).
+  ValidationChild(const std::string& model_path, const std::string& input, int stall_seconds, bool split, bool full,
                   size_t buffer_bytes)
       : model_path_(model_path), last_file_(model_path), stall_seconds_(stall_seconds), split_(split) {
     t_fork_ = t_end_ = clock::now();
@@ -174,7 +182,7 @@ class ValidationChild {
     }
     if (pid == 0) {
       ::close(fds[0]);
-      detail::validate_and_exit(fds[1], model_path, input, split, buffer_bytes, parent);
+      detail::validate_and_exit(fds[1], model_path, input, split, full, buffer_bytes, parent);
     }
     ::close(fds[1]);
     pid_ = pid;

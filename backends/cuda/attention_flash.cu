@@ -722,7 +722,7 @@ FlashQueryTile resolve_tile(const AttentionParams& p, FlashQueryTile tile) {
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
-// Thread-block clusters: compute capability 9.0 or newer on the current device (cached per device).
+// Thread-block clusters: compute capability 9.0 or newer on the current device (asked each time).
 bool current_device_has_clusters() {
   int dev = 0, major = 0;
   HK_CUDA_CHECK(cudaGetDevice(&dev));

@@ -283,21 +283,46 @@ if want e2e; then
     echo "  ${e2e_ms} ms" >> "$e2e_txt"
   fi
   # HK_E2E_ALT_ENV: variants of hk_forward, separated by ';', each space-separated VAR=value,
-  # run in the same loop after each default run, each with its own median (side-by-side A/B; the
-  # target uses the default).
+  # each warmed up once, then run in the same loop after each default run with its own median
+  # (side-by-side A/B). The target uses the default; a failing variant is reported and dropped.
   IFS=';' read -r -a alts <<< "${HK_E2E_ALT_ENV:-}"
   base_ms=() fwd_ms=()
-  declare -A alt_ms=()
+  declare -A alt_ms=() alt_dead=()
+  # One variant run: its output and time go to e2e.txt; a failure does not touch e2e_fail.
+  alt_run() {
+    local keep=$e2e_fail
+    read -r -a alt_env <<< "$1"
+    e2e_time env "${alt_env[@]}" "${fwd[@]}"
+    local rc=$?
+    e2e_fail=$keep
+    return $rc
+  }
+  for a in "${alts[@]}"; do
+    [ -n "${a// /}" ] || continue
+    [ $e2e_fail -eq 0 ] || break
+    echo "warm-up hk_forward ($a):" >> "$e2e_txt"
+    if alt_run "$a"; then
+      echo "  ${e2e_ms} ms" >> "$e2e_txt"
+    else
+      alt_dead[$a]=1
+      echo "  variant dropped: it failed" >> "$e2e_txt"
+    fi
+  done
   for (( i = 1; i <= e2e_runs && e2e_fail == 0; i++ )); do
     echo "run $i hk_io_baseline:" >> "$e2e_txt"
     e2e_time "${base[@]}" && base_ms+=("$e2e_ms") && echo "  ${e2e_ms} ms" >> "$e2e_txt"
     echo "run $i hk_forward:" >> "$e2e_txt"
     e2e_time "${fwd[@]}" && fwd_ms+=("$e2e_ms") && echo "  ${e2e_ms} ms" >> "$e2e_txt"
     for a in "${alts[@]}"; do
-      read -r -a alt_env <<< "$a"
-      [ ${#alt_env[@]} -gt 0 ] && [ $e2e_fail -eq 0 ] || continue
-      echo "run $i hk_forward (${alt_env[*]}):" >> "$e2e_txt"
-      e2e_time env "${alt_env[@]}" "${fwd[@]}" && alt_ms[${alt_env[*]}]+="$e2e_ms " && echo "  ${e2e_ms} ms" >> "$e2e_txt"
+      [ -n "${a// /}" ] && [ -z "${alt_dead[$a]:-}" ] && [ $e2e_fail -eq 0 ] || continue
+      echo "run $i hk_forward ($a):" >> "$e2e_txt"
+      if alt_run "$a"; then
+        alt_ms[$a]+="$e2e_ms "
+        echo "  ${e2e_ms} ms" >> "$e2e_txt"
+      else
+        alt_dead[$a]=1
+        echo "  variant dropped: it failed" >> "$e2e_txt"
+      fi
     done
   done
   # Where the rest goes (not part of the ratio): the process start alone (loading the CUDA
@@ -331,10 +356,11 @@ if want e2e; then
     {
       echo "hk_io_baseline ms: ${base_ms[*]}  median $mb"
       echo "hk_forward     ms: ${fwd_ms[*]}  median $mf"
-      for a in "${!alt_ms[@]}"; do
+      for a in "${alts[@]}"; do
+        [ -n "${alt_ms[$a]:-}" ] || continue
         read -r -a v <<< "${alt_ms[$a]}"
         ma=$(median "${v[@]}")
-        echo "hk_forward ($a) ms: ${v[*]}  median $ma  ratio to the baseline $(awk -v x="$ma" -v b="$mb" 'BEGIN { printf "%.3f", x / b }')"
+        echo "hk_forward ($a) ms: ${v[*]}  median $ma  ratio to the baseline $(awk -v x="$ma" -v b="$mb" 'BEGIN { printf "%.3f", (b > 0 ? x / b : 1e9) }')"
       done
       awk -v f="$mf" -v b="$mb" 'BEGIN {
         r = b > 0 ? f / b : 1e9

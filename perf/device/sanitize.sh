@@ -120,8 +120,8 @@ route_env[materialized]="HK_TUNE=0 HK_ATTENTION=materialized";       route_opt[m
 route_env[fp32]="HK_TUNE=0";                                       route_opt[fp32]="--precision fp32"
 route_env[fp32-tune1]="HK_TUNE=1 HK_TUNE_CACHE=off HK_TUNE_VERBOSE=1"
 route_opt[fp32-tune1]="--precision fp32"
-all_routes="tune0 tune1 cudnn flash.q16 flash.q64 flash.k2 flash.k4 epilogue chains-off graph0 pack1 pack1-tune1 fp32 fp32-tune1 flash"
-fast_routes="tune0 tune1 cudnn flash.q16 flash.q64 flash.k2 flash.k4 epilogue chains-off graph0 pack1 pack1-tune1 flash"
+all_routes="tune0 tune1 cudnn flash.q16 flash.q64 epilogue chains-off graph0 pack1 pack1-tune1 fp32 fp32-tune1 flash"
+fast_routes="tune0 tune1 cudnn flash.q16 flash.q64 epilogue chains-off graph0 pack1 pack1-tune1 flash"
 
 # ---- the run list, in priority order: "tool route shape" ------------------------------------------
 has_tool() { [[ " $tools " == *" $1 "* ]]; }
@@ -138,8 +138,8 @@ for tool in memcheck racecheck synccheck initcheck; do
   add $tool persistent small
   add $tool materialized tiny
 done
-# The key-split attention routes on shapes they take (head_dim 32 and 64; S 33 and 129: ranks
-# without key tiles, and tiles shared out over the cluster).
+# The key-split attention routes only on shapes they take (head_dim 32 and 64; S 33 and 129: ranks
+# without key tiles, and tiles shared out over the cluster); elsewhere a pin falls back to flash.
 for tool in memcheck racecheck synccheck initcheck; do
   add $tool flash.k4 split
   add $tool flash.k2 long
@@ -151,6 +151,11 @@ for r in fp32 fp32-tune1; do add memcheck $r d100; add initcheck $r d100; done
 for r in tune0 tune1 cudnn flash.q16 pack1; do add memcheck $r hd256; done
 for r in $all_routes; do add initcheck "$r" mid; done
 for r in $fast_routes; do add synccheck "$r" mid; done
+
+if [ ${#runs[@]} -eq 0 ]; then
+  say "sanitize.sh: no runs for HK_SAN_TOOLS='$tools' HK_SAN_ROUTES='${HK_SAN_ROUTES:-}' (a misspelt name?)"
+  exit 2
+fi
 
 # ---- one run (in the background): writes res/<i> = "status|seconds|detail" -------------------------
 run_one() {

@@ -453,14 +453,15 @@ std::vector<Case> make_cases(bool split_cases) {
     for (int splits : {2, 4})
       for (int hd : {16, 24, 32, 40, 64})
         for (int S : {1, 70, 200, 513})
-          for (int causal = 0; causal < 2; ++causal, ++k) {
+          for (int causal = 0; causal < 2; ++causal)
+            for (int packed = 0; packed < 2; ++packed, ++k) {
             Case c;
             c.dtype = DType::f16;
             c.splits = splits;
             c.hd = hd;
             c.S = S;
             c.causal = causal;
-            c.packed = k % 2;
+            c.packed = packed;
             c.B = Bs[k % 2];
             c.H = Hs[k % 3];
             c.lens = lens_cycle[k % 4];

@@ -3,6 +3,7 @@
 // to nearest even.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <thread>
@@ -219,6 +220,63 @@ TEST(InputFile, ReadsFromAnotherThread) {
   t.join();
   in.read(0, 1, b.data(), nullptr);
   EXPECT_EQ(io::read_model(f).config.d_model, 8);
+}
+
+// probe(): the child's walk of x's storage. Chunked without filters and contiguous: every slice
+// walks (true), NaNs are not its business (values are not read); with the deflate filter it does
+// nothing (false: reading is the only check); slices outside the batch are refused.
+TEST(InputFile, ProbeWalksUnfilteredStorageOnly) {
+  ScratchDir dir;
+  const int B = 37, S = 5, D = 8;
+  std::vector<float> x(size_t(B) * S * D);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i % 97) * 0.25f;
+  x[size_t(20) * S * D + 3] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<int32_t> len(size_t(B), S);
+  const std::string chunked = dir.path("chunked.h5");
+  io::write_input(chunked, B, S, D, x.data(), len.data());
+  {
+    io::InputFile in(chunked);
+    for (int64_t b0 = 0; b0 < B; b0 += 7) EXPECT_TRUE(in.probe(b0, std::min<int64_t>(7, B - b0))) << b0;
+    EXPECT_TRUE(in.probe(0, B));
+    EXPECT_TRUE(in.probe(B, 0));
+    EXPECT_THROW(in.probe(B - 2, 3), Error);
+    EXPECT_THROW(in.probe(-1, 1), Error);
+    std::vector<float> buf(size_t(B) * S * D);
+    EXPECT_THROW(in.read(0, B, buf.data(), nullptr), Error);  // the NaN probe() walked past
+  }
+  // The same values, contiguous.
+  const std::string contiguous = dir.path("contiguous.h5");
+  io::write_input(contiguous, B, S, D, x.data(), len.data());
+  {
+    std::vector<double> v(x.begin(), x.end());
+    replace_dataset(contiguous, "/input/x", H5T_IEEE_F32LE, {hsize_t(B), hsize_t(S), hsize_t(D)}, v);
+    io::InputFile in(contiguous);
+    EXPECT_TRUE(in.probe(3, 30));
+    EXPECT_TRUE(in.probe(0, B));
+  }
+  // Deflate: not walked.
+  const std::string deflated = dir.path("deflate.h5");
+  io::write_input(deflated, B, S, D, x.data(), len.data());
+  {
+    RawFile f(deflated);
+    ASSERT_GE(H5Ldelete(f.id(), "/input/x", H5P_DEFAULT), 0);
+    const hsize_t dims[3] = {hsize_t(B), hsize_t(S), hsize_t(D)}, chunk[3] = {4, hsize_t(S), hsize_t(D)};
+    const hid_t space = H5Screate_simple(3, dims, nullptr);
+    const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, 3, chunk);
+    ASSERT_GE(H5Pset_deflate(dcpl, 1), 0);
+    const hid_t d = H5Dcreate2(f.id(), "/input/x", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    ASSERT_GE(d, 0);
+    EXPECT_GE(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x.data()), 0);
+    H5Dclose(d);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+  }
+  {
+    io::InputFile in(deflated);
+    EXPECT_FALSE(in.probe(0, 8));
+    EXPECT_FALSE(in.probe(8, 8));
+  }
 }
 
 }  // namespace

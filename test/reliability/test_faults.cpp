@@ -92,6 +92,31 @@ void write_case(const std::string& path, int B, int S) {
 
 int line_count(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
 
+// Rewrites /input/x of `path` with the deflate filter (chunks of 16 sequences, same values): the
+// validation child then has to read and check the values itself.
+void deflate_x(const std::string& path) {
+  RawFile f(path);
+  const hid_t d = H5Dopen2(f.id(), "/input/x", H5P_DEFAULT);
+  ASSERT_GE(d, 0);
+  const hid_t space = H5Dget_space(d);
+  hsize_t dims[3] = {0, 0, 0};
+  ASSERT_EQ(H5Sget_simple_extent_dims(space, dims, nullptr), 3);
+  std::vector<float> x(size_t(dims[0] * dims[1] * dims[2]));
+  ASSERT_GE(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x.data()), 0);
+  H5Dclose(d);
+  ASSERT_GE(H5Ldelete(f.id(), "/input/x", H5P_DEFAULT), 0);
+  const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  const hsize_t chunk[3] = {16, dims[1], dims[2]};
+  H5Pset_chunk(dcpl, 3, chunk);
+  ASSERT_GE(H5Pset_deflate(dcpl, 1), 0);
+  const hid_t nd = H5Dcreate2(f.id(), "/input/x", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  ASSERT_GE(nd, 0);
+  EXPECT_GE(H5Dwrite(nd, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x.data()), 0);
+  H5Dclose(nd);
+  H5Pclose(dcpl);
+  H5Sclose(space);
+}
+
 TEST(Faults, UnwritableOutputDirectory) {
   ScratchDir dir;
   write_case(dir.path("in.h5"), 4, 8);
@@ -316,61 +341,80 @@ double stat_value(const std::string& text, const std::string& key) {
 }
 
 // The forked validation runs ahead of the pipeline instead of before it, and stays a gate: the
-// reader never reads a chunk the child has not survived reading.
-// 1. A NaN in a late chunk (small chunks, small child blocks): the child's clean error ends the
-//    run, nothing is written, and the reader had read only rows the child had validated, none
-//    of the bad chunk (--stats prints how far each side got when the run fails).
-// 2. The child is let run in 1 ms steps (SIGSTOP / SIGCONT) until hk_forward has created its
-//    temporary output: the pipeline started while x was only partly validated (the overlap).
-//    The child is then killed mid-x, as a crash inside libhdf5 would: one clean error line,
-//    exit 1, the temporary output removed, and the reader stopped behind the child.
+// reader never reads a chunk the child has not survived going through.
+// 1. A NaN in a late chunk (small chunks, small child blocks), x with the deflate filter: the
+//    child reads and checks the values; its clean error ends the run, nothing is written, and
+//    the reader had read only rows the child had validated, none of the bad chunk (--stats
+//    prints how far each side got when the run fails). The same NaN in x without filters: the
+//    child walks the chunk index instead of reading the values again, and the reader's own check
+//    finds it: the same one error line, nothing written, still no row read before the child
+//    went through it.
+// 2. (deflate) The child is let run in 1 ms steps (SIGSTOP / SIGCONT) until hk_forward has
+//    created its temporary output: the pipeline started while x was only partly validated (the
+//    overlap). The child is then killed mid-x, as a crash inside libhdf5 would: one clean error
+//    line, exit 1, the temporary output removed, and the reader stopped behind the child.
 TEST(Faults, ValidationRunsAheadOfTheReader) {
   ScratchDir dir;
   const int B = 4000, S = 64, bad = 3900;
+  write_case(dir.path("plain.h5"), B, S);
+  poke_float(dir.path("plain.h5"), "/input/x", (int64_t(bad) * S + 5) * 32 + 7, std::numeric_limits<float>::quiet_NaN());
   write_case(dir.path("in.h5"), B, S);
+  deflate_x(dir.path("in.h5"));
   poke_float(dir.path("in.h5"), "/input/x", (int64_t(bad) * S + 5) * 32 + 7, std::numeric_limits<float>::quiet_NaN());
-  // --mem-cap 16M: the child gets 2 MiB, blocks of about 85 sequences.
+  for (const bool filtered : {true, false}) {
+    SCOPED_TRACE(filtered ? "x with the deflate filter" : "x without filters");
+    const std::string input = dir.path(filtered ? "in.h5" : "plain.h5");
+    // --mem-cap 16M: the child gets 2 MiB, blocks of about 85 sequences.
+    const std::vector<std::string> common = {"--input", input, "--backend", "kokkos", "--precision", "fp32",
+                                             "--batch-chunk", "16", "--mem-cap", "16M", "--stats", "--quiet"};
+    {
+      std::vector<std::string> args = common;
+      args.insert(args.end(), {"--output", dir.path("y.h5")});
+      const std::string out_path = dir.path("stdout");
+      std::vector<std::string> full = {g_forward};
+      full.insert(full.end(), args.begin(), args.end());
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        const int e = ::open(dir.path("err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
+        const int o = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
+        if (e < 0 || o < 0) ::_exit(126);
+        ::dup2(o, 1);
+        ::dup2(e, 2);
+        std::vector<char*> argv;
+        for (const std::string& a : full) argv.push_back(const_cast<char*>(a.c_str()));
+        argv.push_back(nullptr);
+        ::execv(argv[0], argv.data());
+        ::_exit(127);
+      }
+      const Result r = wait_for(pid, dir.path("err"));
+      const std::string stats = read_bytes(out_path);
+      EXPECT_EQ(r.status, 1) << r.err;
+      EXPECT_EQ(line_count(r.err), 1) << r.err;
+      EXPECT_EQ(r.err.rfind("hk_forward: error: " + input + ": /input/x: expected finite values, found NaN at [" +
+                                std::to_string(bad) + ", 5, 7]",
+                            0),
+                0u)
+          << r.err;
+      ASSERT_NE(stats.find("failed=1"), std::string::npos) << stats;
+      const double read = stat_value(stats, "rows_read"), validated = stat_value(stats, "rows_validated");
+      EXPECT_GE(read, 0) << stats;
+      EXPECT_LE(read, validated) << "the reader read rows the child had not gone through: " << stats;
+      if (filtered) {
+        EXPECT_LE(read, bad / 16 * 16) << "the reader reached the bad chunk: " << stats;
+      } else {
+        EXPECT_GT(read, bad) << "the reader's own check should have found the NaN: " << stats;
+      }
+      std::filesystem::remove(out_path);
+      std::filesystem::remove(dir.path("err"));
+      auto left = dir.entries();
+      std::sort(left.begin(), left.end());
+      EXPECT_EQ(left, (std::vector<std::string>{"in.h5", "plain.h5"})) << "an output was left";
+    }
+  }
+  // 2. Without the NaN (deflate: the child reads every value, slowly enough to be caught mid-x).
+  poke_float(dir.path("in.h5"), "/input/x", (int64_t(bad) * S + 5) * 32 + 7, 0.5f);
   const std::vector<std::string> common = {"--input", dir.path("in.h5"), "--backend", "kokkos", "--precision", "fp32",
                                            "--batch-chunk", "16", "--mem-cap", "16M", "--stats", "--quiet"};
-  {
-    std::vector<std::string> args = common;
-    args.insert(args.end(), {"--output", dir.path("y.h5")});
-    const std::string out_path = dir.path("stdout");
-    std::vector<std::string> full = {g_forward};
-    full.insert(full.end(), args.begin(), args.end());
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      const int e = ::open(dir.path("err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
-      const int o = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
-      if (e < 0 || o < 0) ::_exit(126);
-      ::dup2(o, 1);
-      ::dup2(e, 2);
-      std::vector<char*> argv;
-      for (const std::string& a : full) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    const Result r = wait_for(pid, dir.path("err"));
-    const std::string stats = read_bytes(out_path);
-    EXPECT_EQ(r.status, 1) << r.err;
-    EXPECT_EQ(line_count(r.err), 1) << r.err;
-    EXPECT_EQ(r.err.rfind("hk_forward: error: " + dir.path("in.h5") + ": /input/x: expected finite values, found NaN at [" +
-                              std::to_string(bad) + ", 5, 7]",
-                          0),
-              0u)
-        << r.err;
-    ASSERT_NE(stats.find("failed=1"), std::string::npos) << stats;
-    const double read = stat_value(stats, "rows_read"), validated = stat_value(stats, "rows_validated");
-    EXPECT_GE(read, 0) << stats;
-    EXPECT_LE(read, validated) << "the reader read rows the child had not validated: " << stats;
-    EXPECT_LE(read, bad / 16 * 16) << "the reader reached the bad chunk: " << stats;
-    std::filesystem::remove(out_path);
-    std::filesystem::remove(dir.path("err"));
-    EXPECT_EQ(dir.entries(), std::vector<std::string>{"in.h5"}) << "an output was left";
-  }
-  // 2. Without the NaN.
-  poke_float(dir.path("in.h5"), "/input/x", (int64_t(bad) * S + 5) * 32 + 7, 0.5f);
   std::vector<std::string> args = common;
   args.insert(args.end(), {"--output", dir.path("y.h5"), "--validate-timeout", "0"});
   const pid_t pid = spawn(args, dir.path("err"));
@@ -407,7 +451,7 @@ TEST(Faults, ValidationRunsAheadOfTheReader) {
                        std::to_string(SIGKILL) + ")\n");
   auto entries = dir.entries();
   std::sort(entries.begin(), entries.end());
-  EXPECT_EQ(entries, (std::vector<std::string>{"err", "in.h5"})) << "an output was left";
+  EXPECT_EQ(entries, (std::vector<std::string>{"err", "in.h5", "plain.h5"})) << "an output was left";
 }
 
 // Same input, same backend, same precision: byte-identical /output/y run to run.

@@ -29,6 +29,13 @@ struct InputFile::Impl {
   FloatKind x_kind = FloatKind::f32;
   size_t cache_bytes = kDefaultChunkCacheBytes;
   std::vector<uint16_t> half;  // staging for float16 x (read() runs on one thread at a time)
+  // probe(): how x is stored, found on first use. kind 0: not probed (filters, compact); 1:
+  // chunked without filters; 2: contiguous.
+  int probe_kind = -1;
+  hsize_t chunk[3] = {0, 0, 0};
+  hsize_t file_bytes = 0;
+  size_t elem_bytes = 4;
+  void probe_layout();
 
   void open(int expected_d);
   void validate_lengths();
@@ -93,6 +100,66 @@ void InputFile::Impl::validate_lengths() {
         fail(path, "/input/lengths", "expected values in 0.." + std::to_string(S) + ", found " +
                                          std::to_string(buf[size_t(i)]) + " at [" + std::to_string(b0 + i) + "]");
   }
+}
+
+void InputFile::Impl::probe_layout() {
+  probe_kind = 0;
+  Handle dcpl = plist_handle(H5Dget_create_plist(x.get()));
+  if (!dcpl.valid()) fail_h5(path, "/input/x", "cannot read its storage properties");
+  const int nfilters = H5Pget_nfilters(dcpl.get());
+  if (nfilters != 0) return;  // filtered (or unreadable): reading is the only check
+  if (H5Fget_filesize(file.get(), &file_bytes) < 0) fail_h5(path, "/input/x", "cannot read the file's size");
+  elem_bytes = x_kind == FloatKind::f16 ? 2 : 4;
+  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+  if (layout == H5D_CHUNKED) {
+    if (H5Pget_chunk(dcpl.get(), 3, chunk) != 3 || chunk[0] < 1 || chunk[1] < 1 || chunk[2] < 1)
+      fail(path, "/input/x", "expected rank-3 chunks of at least one element, found an unreadable chunk shape");
+    probe_kind = 1;
+  } else if (layout == H5D_CONTIGUOUS) {
+    const haddr_t a = H5Dget_offset(x.get());
+    const hsize_t n = hsize_t(B) * hsize_t(S) * hsize_t(D) * elem_bytes;
+    if (a == HADDR_UNDEF) return;  // not allocated: reads give the fill value, nothing to walk
+    if (a > file_bytes || n > file_bytes - a)
+      fail(path, "/input/x", "expected its data inside the file (" + std::to_string(file_bytes) +
+                                 " bytes), found it at offset " + std::to_string(a) + " with " + std::to_string(n) +
+                                 " bytes (damaged file?)");
+    probe_kind = 2;
+  }
+}
+
+bool InputFile::probe(int64_t b0, int64_t nb) {
+  Impl& m = *impl_;
+  if (b0 < 0 || nb < 0 || b0 > m.B - nb)
+    fail(m.path, "/input/x", "sequences [" + std::to_string(b0) + ", " + std::to_string(b0 + nb) +
+                                 ") requested, expected a range inside [0, " + std::to_string(m.B) + ")");
+  std::lock_guard<std::recursive_mutex> lock(h5_mutex());
+  init();
+  if (m.probe_kind < 0) m.probe_layout();  // a throw leaves kind 0 ("not probed") behind
+  if (m.probe_kind == 0) return false;
+  if (m.probe_kind == 2 || nb == 0) return true;
+  // Every chunk whose rows meet [b0, b0 + nb), over all of S and D.
+  const hsize_t full = m.chunk[0] * m.chunk[1] * m.chunk[2] * m.elem_bytes;
+  const hsize_t dims[3] = {hsize_t(m.B), hsize_t(m.S), hsize_t(m.D)};
+  hsize_t at[3];
+  for (at[0] = hsize_t(b0) / m.chunk[0] * m.chunk[0]; at[0] < hsize_t(b0 + nb); at[0] += m.chunk[0])
+    for (at[1] = 0; at[1] < dims[1]; at[1] += m.chunk[1])
+      for (at[2] = 0; at[2] < dims[2]; at[2] += m.chunk[2]) {
+        unsigned filters = 0;
+        haddr_t addr = HADDR_UNDEF;
+        hsize_t size = 0;
+        if (H5Dget_chunk_info_by_coord(m.x.get(), at, &filters, &addr, &size) < 0)
+          fail_h5(m.path, "/input/x", "expected a readable chunk index, found an error looking up the chunk at " +
+                                          index_string({int64_t(at[0]), int64_t(at[1]), int64_t(at[2])}) +
+                                          " (damaged file?)");
+        if (addr == HADDR_UNDEF) continue;  // not written: reads give the fill value
+        if (size != full || addr > m.file_bytes || size > m.file_bytes - addr)
+          fail(m.path, "/input/x", "expected the chunk at " +
+                                       index_string({int64_t(at[0]), int64_t(at[1]), int64_t(at[2])}) + " (" +
+                                       std::to_string(full) + " bytes) inside the file (" +
+                                       std::to_string(m.file_bytes) + " bytes), found " + std::to_string(size) +
+                                       " bytes at offset " + std::to_string(addr) + " (damaged file?)");
+      }
+  return true;
 }
 
 InputFile::InputFile(const std::string& path) : InputFile(path, ModelConfig{}) {}

@@ -44,6 +44,15 @@ class InputFile {
   // lengths). Reads only /input/lengths.
   int64_t valid_tokens(int64_t b0, int64_t nb);
 
+  // Walks the storage of sequences [b0, b0 + nb) of x without reading the values, where reading
+  // them would do nothing else with the file: x stored without filters, chunked (every chunk the
+  // slice touches is looked up in the chunk index, and its extent must lie inside the file with
+  // the size of an unfiltered chunk) or contiguous (its extent must lie inside the file). Returns
+  // false, having done nothing, when x has filters (decoding is where a damaged file can crash
+  // the library: only reading it checks that) or compact storage. Throws hk::Error naming x for
+  // an index entry that points outside the file. Neither values nor lengths are checked.
+  bool probe(int64_t b0, int64_t nb);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
