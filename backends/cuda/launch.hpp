@@ -31,19 +31,40 @@ bool pdl_enabled();
 // then empty), so it must not be launched early. Cached per kernel.
 bool pdl_compiled(const void* kernel);
 
+namespace detail {
+// cudaLaunchKernelEx with the PDL attribute (where pdl_enabled and the kernel's code has it) and,
+// when `cluster` is set, the cluster dimension attribute.
 template <class... KArgs, class... Args>
-void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+void launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, const dim3* cluster, size_t smem, cudaStream_t stream,
+               Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster->x;
+    attr[n].val.clusterDim.y = cluster->y;
+    attr[n].val.clusterDim.z = cluster->z;
+    ++n;
+  }
+  if (pdl_enabled() && pdl_compiled(reinterpret_cast<const void*>(kernel))) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() && pdl_compiled(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
+  cfg.numAttrs = n;
   HK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+}  // namespace detail
+
+template <class... KArgs, class... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  detail::launch_ex(kernel, grid, block, nullptr, smem, stream, std::forward<Args>(args)...);
 }
 
 // launch_pdl for a kernel whose CTAs form thread-block clusters of `cluster` CTAs (sm_90+; each
@@ -51,21 +72,7 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cu
 template <class... KArgs, class... Args>
 void launch_pdl_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, dim3 cluster, size_t smem, cudaStream_t stream,
                         Args&&... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster.x;
-  attr[0].val.clusterDim.y = cluster.y;
-  attr[0].val.clusterDim.z = cluster.z;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() && pdl_compiled(reinterpret_cast<const void*>(kernel)) ? 2 : 1;
-  HK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+  detail::launch_ex(kernel, grid, block, &cluster, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace hk::cuda

@@ -226,6 +226,31 @@ inline void poke_float(const std::string& file, const std::string& object, hsize
   poke_raw(file, object, flat, &v);
 }
 
+// Rewrites /input/x of `path` with the deflate filter (chunks of `chunk_rows` sequences, the
+// same float32 values): readers then have to decode it.
+inline void deflate_x(const std::string& path, hsize_t chunk_rows) {
+  RawFile f(path);
+  const hid_t d = H5Dopen2(f.id(), "/input/x", H5P_DEFAULT);
+  ASSERT_GE(d, 0);
+  const hid_t space = H5Dget_space(d);
+  hsize_t dims[3] = {0, 0, 0};
+  ASSERT_EQ(H5Sget_simple_extent_dims(space, dims, nullptr), 3);
+  std::vector<float> x(size_t(dims[0] * dims[1] * dims[2]));
+  ASSERT_GE(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x.data()), 0);
+  H5Dclose(d);
+  ASSERT_GE(H5Ldelete(f.id(), "/input/x", H5P_DEFAULT), 0);
+  const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  const hsize_t chunk[3] = {chunk_rows, dims[1], dims[2]};
+  H5Pset_chunk(dcpl, 3, chunk);
+  ASSERT_GE(H5Pset_deflate(dcpl, 1), 0);
+  const hid_t nd = H5Dcreate2(f.id(), "/input/x", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  ASSERT_GE(nd, 0);
+  EXPECT_GE(H5Dwrite(nd, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x.data()), 0);
+  H5Dclose(nd);
+  H5Pclose(dcpl);
+  H5Sclose(space);
+}
+
 inline void write_text_file(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
 }

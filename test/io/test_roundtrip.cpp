@@ -257,21 +257,7 @@ TEST(InputFile, ProbeWalksUnfilteredStorageOnly) {
   // Deflate: not walked.
   const std::string deflated = dir.path("deflate.h5");
   io::write_input(deflated, B, S, D, x.data(), len.data());
-  {
-    RawFile f(deflated);
-    ASSERT_GE(H5Ldelete(f.id(), "/input/x", H5P_DEFAULT), 0);
-    const hsize_t dims[3] = {hsize_t(B), hsize_t(S), hsize_t(D)}, chunk[3] = {4, hsize_t(S), hsize_t(D)};
-    const hid_t space = H5Screate_simple(3, dims, nullptr);
-    const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    H5Pset_chunk(dcpl, 3, chunk);
-    ASSERT_GE(H5Pset_deflate(dcpl, 1), 0);
-    const hid_t d = H5Dcreate2(f.id(), "/input/x", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-    ASSERT_GE(d, 0);
-    EXPECT_GE(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x.data()), 0);
-    H5Dclose(d);
-    H5Pclose(dcpl);
-    H5Sclose(space);
-  }
+  deflate_x(deflated, 4);
   {
     io::InputFile in(deflated);
     EXPECT_FALSE(in.probe(0, 8));
