@@ -366,48 +366,41 @@ std::vector<Case> make_cases(bool split_cases) {
   int k = 0;  // cycles B, H, lengths, paddings and amplitude across the sweep
   const int Bs[2] = {1, 3}, Hs[3] = {1, 2, 4};
   const Lens lens_cycle[4] = {Lens::random, Lens::edge, Lens::full, Lens::null};
+  // One sweep case: the given shape, with B, H, lengths, paddings (when k hits them) and the
+  // query amplitude (every third case) cycled by k.
+  const auto sweep_case = [&](DType dt, int hd, int S, int causal, int packed, int qkv_pad, int out_pad, float amp) {
+    Case c;
+    c.dtype = dt;
+    c.hd = hd;
+    c.S = S;
+    c.causal = causal;
+    c.packed = packed;
+    c.B = Bs[k % 2];
+    c.H = Hs[k % 3];
+    c.lens = lens_cycle[k % 4];
+    c.qkv_pad = (k % 5 == 2) ? qkv_pad : 0;
+    c.out_pad = (k % 7 == 3) ? out_pad : 0;
+    c.q_amp = (k % 3 == 1) ? amp : 1.f;
+    return c;
+  };
   // f16: head dims of the instantiations plus 24 (runs on hd32 with masked columns); both tiles.
   for (int hd : {8, 16, 24, 32, 64, 128, 256})
     for (int S : {1, 7, 33, 130})
       for (int causal = 0; causal < 2; ++causal)
         for (int packed = 0; packed < 2; ++packed, ++k)
           for (FlashQueryTile tile : {FlashQueryTile::q64, FlashQueryTile::q16}) {
-            Case c;
-            c.dtype = DType::f16;
-            c.hd = hd;
-            c.S = S;
-            c.causal = causal;
-            c.packed = packed;
-            c.B = Bs[k % 2];
-            c.H = Hs[k % 3];
-            c.lens = lens_cycle[k % 4];
+            Case c = sweep_case(DType::f16, hd, S, causal, packed, 8, 16, 4.f);
             c.tile = tile;
-            c.qkv_pad = (k % 5 == 2) ? 8 : 0;
-            c.out_pad = (k % 7 == 3) ? 16 : 0;
-            c.q_amp = (k % 3 == 1) ? 4.f : 1.f;
             cases.push_back(c);
           }
   // f32: any head_dim up to 256, including odd ones.
   for (int hd : {1, 5, 8, 16, 24, 32, 40, 64, 100, 128, 256})
     for (int S : {1, 7, 33, 130})
       for (int causal = 0; causal < 2; ++causal)
-        for (int packed = 0; packed < 2; ++packed, ++k) {
-          Case c;
-          c.dtype = DType::f32;
-          c.hd = hd;
-          c.S = S;
-          c.causal = causal;
-          c.packed = packed;
-          c.B = Bs[k % 2];
-          c.H = Hs[k % 3];
-          c.lens = lens_cycle[k % 4];
-          c.qkv_pad = (k % 5 == 2) ? 3 : 0;
-          c.out_pad = (k % 7 == 3) ? 5 : 0;
+        for (int packed = 0; packed < 2; ++packed, ++k)
           // fp32 rounding of q.k grows with |q||k|: amplitude 2 keeps the 1e-5 bound meaningful
           // (scores ~N(0, 4)); larger scores are a property of the input, not of the kernel.
-          c.q_amp = (k % 3 == 1) ? 2.f : 1.f;
-          cases.push_back(c);
-        }
+          cases.push_back(sweep_case(DType::f32, hd, S, causal, packed, 3, 5, 2.f));
   // Long sequences: many key tiles, the causal diagonal deep inside, lengths far from S.
   for (DType dt : {DType::f16, DType::f32})
     for (int hd : {8, 32, 64, 128, 256})
@@ -455,22 +448,11 @@ std::vector<Case> make_cases(bool split_cases) {
         for (int S : {1, 70, 200, 513})
           for (int causal = 0; causal < 2; ++causal)
             for (int packed = 0; packed < 2; ++packed, ++k) {
-            Case c;
-            c.dtype = DType::f16;
-            c.splits = splits;
-            c.hd = hd;
-            c.S = S;
-            c.causal = causal;
-            c.packed = packed;
-            c.B = Bs[k % 2];
-            c.H = Hs[k % 3];
-            c.lens = lens_cycle[k % 4];
-            c.qkv_pad = (k % 5 == 2) ? 8 : 0;
-            c.out_pad = (k % 7 == 3) ? 16 : 0;
-            c.q_amp = (k % 3 == 1) ? 4.f : 1.f;
-            c.note = "keys split";
-            cases.push_back(c);
-          }
+              Case c = sweep_case(DType::f16, hd, S, causal, packed, 8, 16, 4.f);
+              c.splits = splits;
+              c.note = "keys split";
+              cases.push_back(c);
+            }
   if (split_cases)
     for (int splits : {2, 4})
       for (int packed = 0; packed < 2; ++packed) {
