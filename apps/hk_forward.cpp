@@ -524,6 +524,9 @@ int run(const Options& o, int* argc, char*** argv) {
     eo.max_batch = int(chunk);
     eo.seq_len = S;
     eo.device = device;
+    // The whole file, not this rank's share: every rank of a job makes the same library choice
+    // (HK_LIBRARIES), so the output's bits do not depend on the number of ranks.
+    eo.job_tokens = B * int64_t(S);
     const auto build = [&model, eo, &engine_s, &tr] {
       const auto t = clock::now();
       Span span(tr, "engine build");

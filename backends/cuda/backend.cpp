@@ -4,7 +4,6 @@
 
 #include <string>
 
-#include "cublaslt_api.hpp"
 #include "engine.hpp"
 #include "hk/error.hpp"
 
@@ -46,18 +45,12 @@ class CudaBackend final : public Backend {
     static const std::string why = probe();
     return why;
   }
-  // The primary context of `device` and cuBLASLt, so that the engine's constructor finds both.
+  // The primary context of `device`, so that the engine's constructor finds it. cuBLASLt is left
+  // to the engine: a short job's engine runs on the own kernels and never loads it
+  // (HK_LIBRARIES); a long job's loads it in its constructor, right after this context.
   void prepare(int device) const override {
     if (!unavailable_reason().empty()) return;
-    if (cudaSetDevice(device) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {
-      cudaGetLastError();
-      return;
-    }
-    try {
-      (void)lt::api();
-    } catch (const Error&) {
-      // create() reports it
-    }
+    if (cudaSetDevice(device) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) cudaGetLastError();
   }
   std::unique_ptr<Engine> create(const Model& model, const EngineOptions& options) const override {
     const std::string why = unavailable_reason();

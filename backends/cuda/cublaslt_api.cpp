@@ -15,8 +15,10 @@ namespace hk::cuda::lt {
 
 namespace {
 
+std::string soname() { return "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR); }
+
 Api load() {
-  const std::string name = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
+  const std::string name = soname();
   void* lib = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
   std::string why = lib ? "" : ::dlerror();
   if (!lib && std::string(HK_CUBLASLT_DIR).size() > 0) {
@@ -52,6 +54,13 @@ Api load() {
 }
 
 }  // namespace
+
+bool loaded() {
+  void* lib = ::dlopen(soname().c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_LOCAL);
+  if (!lib) return false;
+  ::dlclose(lib);  // NOLOAD took a reference
+  return true;
+}
 
 const Api& api() {
   static const Api a = load();  // a failed load throws, and the next call tries again

@@ -37,4 +37,7 @@ struct Api {
 // loader's reason when it cannot be loaded or lacks an entry point.
 const Api& api();
 
+// Whether this process has cuBLASLt loaded (by api() or by anything else), without loading it.
+bool loaded();
+
 }  // namespace hk::cuda::lt

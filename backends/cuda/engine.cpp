@@ -160,6 +160,45 @@ std::string pin_of(const Routes& r, const char* family, const std::string& legac
 // Materialised-score attention is a candidate only up to this much score memory.
 constexpr size_t kMaterializedLimit = size_t(128) << 20;
 
+// HK_LIBRARIES=auto: a job of at most this many GEMM flops runs on the own kernels only. On the
+// H200 (perf/RESULTS.md) cuBLASLt's one-time set-up on hk_forward's critical path is ~0.15 s
+// (library load ~0.05 s, its first fp16 GEMM set-up ~0.09 s). The own-kernel plan's extra GPU
+// time per position (tuned forwards, perf/results/*-14-plans-final.txt): ~0.75 ns at case 6
+// (D = F = 128, L = 4; 7.9e5 GEMM flops per position), break-even ~2e8 positions = 1.6e14
+// flops; ~9 ns at case 12 (D = F = 256; 3.1e6 flops: own QKV kernel +0.08 ms, chain instead of
+// the cuBLASLt split route +0.07 ms per 16384 positions), break-even ~1.6e7 positions = 5e13
+// flops. The bound is the lower of the two.
+constexpr double kShortJobFlops = 5e13;
+
+// GEMM flops of one position through the whole model (QKV, out_proj, ffn_in, ffn_out).
+double gemm_flops_per_position(const ModelConfig& c) {
+  const double D = double(c.d_model), F = double(c.ffn_dim);
+  return 2.0 * double(c.n_layers) * (3 * D * D + D * D + 2 * D * F);
+}
+
+// "" when the own kernels alone can run every step of this model (fast precision): the mma QKV
+// kernel, f16 flash attention, the fused post-attention chain; else why not.
+std::string own_kernels_gap(const ModelConfig& c, Precision precision, int S) {
+  if (precision != Precision::fast) return "fp32 precision runs its GEMMs on cuBLASLt";
+  if (!small_gemm_supports(3 * c.d_model, c.d_model)) return "the own QKV kernel needs D a multiple of 32 up to 256";
+#if HK_CUDA_HAVE_POST_ATTN_FUSED
+  if (!post_attn_fused_supports(c.d_model, c.ffn_dim))
+    return "the fused post-attention chain needs D and F multiples of 8 up to 256";
+#else
+  return "the fused post-attention chain is not part of this build";
+#endif
+  AttentionParams a;
+  a.B = 0;
+  a.S = S;
+  a.H = c.n_heads;
+  a.head_dim = c.head_dim();
+  a.qkv_row_stride = 3 * int64_t(c.d_model);
+  a.out_row_stride = c.d_model;
+  a.dtype = DType::f16;
+  if (!flash_route_supports(a)) return "the flash kernel does not take head_dim " + std::to_string(a.head_dim);
+  return "";
+}
+
 // Source files (prefixes) each kind of kernel depends on: an edit invalidates its cache entries.
 const std::vector<std::string> kEngineSources = {"backends/cuda/engine.", "backends/cuda/tune_cuda",
                                                  "backends/cuda/arena.", "backends/cuda/weights."};
@@ -197,6 +236,8 @@ Routes routes_from_environment() {
   if (chains == "off" || chains == "persistent") r.pins["chains"] = chains;
   const std::string pack = knob_choice("HK_PACK", {"auto", "0", "1"});
   if (pack == "0" || pack == "1") r.pins["pack"] = pack;
+  const std::string libraries = knob_choice("HK_LIBRARIES", {"auto", "all", "own"});
+  if (libraries == "all" || libraries == "own") r.pins["libraries"] = libraries;
   return r;
 }
 
@@ -216,6 +257,7 @@ struct GemmNode {
   // use_mma >= 0: the measured choice is that kernel with mma[use_mma].
   std::vector<SmallGemmConfig> mma;
   int use_mma = -1;
+  GemmShape shape;  // the [N, K] problem (known before any cuBLASLt descriptor exists)
   std::function<void()> make;  // builds nk / kn and the bias bindings; empty once built
   // Not during a stream capture: cuBLASLt's set-up may allocate. The engine decides every GEMM
   // of a plan (decide_gemm) before it captures or times anything.
@@ -310,12 +352,21 @@ struct CudaEngine::Impl {
   float eps = 1e-5f;
   // Resolved pins ("" = free).
   std::string pin_attention, pin_gelu, pin_layout, pin_algo, pin_qkv_gemm, pin_chains, pin_graph, pin_pack;
+  // Own kernels only (HK_LIBRARIES, EngineOptions::job_tokens): no cuBLASLt / cuDNN route is made,
+  // cuBLASLt is never loaded; the QKV GEMM is the own kernel, the post-attention steps the fused
+  // chain. `libraries_note` says which applied and why (explain).
+  bool own_only = false;
+  std::string libraries_note;
 
   cudaStream_t stream = nullptr;          // host path, eager default
   cudaStream_t capture_stream = nullptr;  // warm-ups, captures, tuning
   cudaEvent_t done = nullptr;             // recorded after every forward (and warm-up)
   cudaEvent_t caller = nullptr;           // orders a warm-up after the caller's stream
-  cublasLtHandle_t lt = nullptr;
+  cublasLtHandle_t lt = nullptr;  // made on first use (lt_handle): own-kernel plans never load cuBLASLt
+  cublasLtHandle_t lt_handle() {
+    if (!lt) HK_CUBLAS_CHECK(lt::api().Create(&lt));
+    return lt;
+  }
 
   std::unique_ptr<DeviceWeights> weights;
 #if HK_CUDA_HAVE_MODEL_PERSISTENT
@@ -438,18 +489,42 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
   pin_chains = pin_of(routes, "chains", "");
   pin_graph = pin_of(routes, "graph", routes.graphs ? "" : "0");
   pin_pack = pin_of(routes, "pack", "");
+  // Own kernels only: pinned (HK_LIBRARIES=own), or a short job under auto; never against a pin
+  // that names a library route, nor where the own kernels leave a step uncovered.
+  const std::string pin_libraries = pin_of(routes, "libraries", "");
+  const double job_flops = double(o.job_tokens) * gemm_flops_per_position(cfg);
+  const bool want_own = pin_libraries == "own" ||
+                        (pin_libraries.empty() && o.job_tokens > 0 && job_flops <= kShortJobFlops);
+  if (want_own) {
+    std::string why = own_kernels_gap(cfg, precision, S);
+    if (why.empty() && (pin_qkv_gemm == "cublaslt" || pin_gelu == "epilogue" || !pin_layout.empty() ||
+                        !pin_algo.empty() || pin_attention == "cudnn" || pin_attention == "materialized" ||
+                        pin_chains == "off"))
+      why = "a pin asks for a library route or single-step kernels";
+    own_only = why.empty();
+    char b[160];
+    std::snprintf(b, sizeof b, "%.3g GEMM flops", job_flops);
+    const std::string reason = pin_libraries == "own" ? std::string("HK_LIBRARIES=own") : "short job: " + std::string(b);
+    libraries_note = own_only ? "own kernels only, cuBLASLt not loaded (" + reason + ")"
+                              : "cuBLASLt as candidate (" + reason + ", but " + why + ")";
+  } else {
+    libraries_note = pin_libraries == "all" ? "cuBLASLt as candidate (HK_LIBRARIES=all)"
+                     : o.job_tokens > 0     ? "cuBLASLt as candidate (a long job)"
+                                            : "cuBLASLt as candidate (job size not given)";
+  }
+  if (own_only && pin_qkv_gemm.empty()) pin_qkv_gemm = "mma";
   try {
     auto t = ctor_clock::now();
     HK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     HK_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream, cudaStreamNonBlocking));
     HK_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     HK_CUDA_CHECK(cudaEventCreateWithFlags(&caller, cudaEventDisableTiming));
-    HK_CUBLAS_CHECK(lt::api().Create(&lt));
+    if (!own_only) (void)lt_handle();  // cuBLASLt's load, here rather than inside the first plan
     ctor_handles_ms = ms_since(t);
     t = ctor_clock::now();
     weights = std::make_unique<DeviceWeights>(model, precision);
     // The [K, N] copies cost one more set of GEMM weights: only when the layout may be chosen.
-    if (pin_layout == "kn" || (routes.tune && pin_layout.empty())) make_kn_weights(model);
+    if (!own_only && (pin_layout == "kn" || (routes.tune && pin_layout.empty()))) make_kn_weights(model);
 #if HK_CUDA_HAVE_MODEL_PERSISTENT
     if (precision == Precision::fast && pin_chains != "off" && (routes.tune || pin_chains == "persistent") &&
         model_persistent_supports(cfg, S))
@@ -571,6 +646,7 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B, int64_t rows) {
                      bool required, bool eager) {
     node.step = step;
     node.which = which;
+    node.shape = s;
     node.make = [this, P, &node, step, s, first_bias, required, nk, kn, L] {
       const auto t0 = std::chrono::steady_clock::now();
       node.nk.reset();  // a build that threw part-way starts over
@@ -581,7 +657,7 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B, int64_t rows) {
       auto make = [&](bool kn_layout) {
         GemmShape t = s;
         t.weight_kn = kn_layout;
-        return std::make_unique<LtGemm>(lt, t, first_bias);
+        return std::make_unique<LtGemm>(lt_handle(), t, first_bias);
       };
       if (nk) node.nk = make(false);
       if (kn) node.kn = make(true);
@@ -625,7 +701,7 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B, int64_t rows) {
   gemm(p->ffn_in, "ffn_in", GemmWhich::in, {p->T, F, D, g, g, GemmEpilogue::bias}, w0.b_in, true, false);
   gemm(p->ffn_out, "ffn_out", GemmWhich::outf, {p->T, D, F, g, DType::f32, GemmEpilogue::bias_residual}, w0.b_out,
        true, false);
-  const bool want_tanh = pin_gelu == "epilogue" || (routes.tune && pin_gelu.empty());
+  const bool want_tanh = !own_only && (pin_gelu == "epilogue" || (routes.tune && pin_gelu.empty()));
   if (want_tanh) {
     // Made now: whether cuBLASLt has this epilogue for the shape decides whether the route exists.
     if (precision != Precision::fast) {
@@ -652,7 +728,7 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B, int64_t rows) {
   a.scale = float(1.0 / std::sqrt(double(a.head_dim)));
   a.causal = cfg.causal;
   a.dtype = act;
-  const bool want_cudnn = pin_attention == "cudnn" || (routes.tune && pin_attention.empty());
+  const bool want_cudnn = !own_only && (pin_attention == "cudnn" || (routes.tune && pin_attention.empty()));
   if (want_cudnn && p->packed) {
     p->attention_note = "cudnn not used: the padding-free layout is not a cuDNN route here";
   } else if (want_cudnn) {
@@ -672,7 +748,8 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B, int64_t rows) {
   }
 
   // Materialised scores (H x B x S x S fp32): a candidate only while they stay within the limit.
-  const bool want_materialized = pin_attention == "materialized" || (routes.tune && pin_attention.empty());
+  const bool want_materialized =
+      !own_only && (pin_attention == "materialized" || (routes.tune && pin_attention.empty()));
   if (want_materialized) {
     std::string why;
     if (act != DType::f16 || p->packed) {
@@ -680,7 +757,7 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B, int64_t rows) {
     } else if (!attention_materialized_supports(a, kMaterializedLimit)) {
       p->materialized_note = "scores beyond " + std::to_string(kMaterializedLimit >> 20) + " MiB, or shape unsupported";
     } else {
-      auto m = std::make_unique<MaterializedAttention>(lt);
+      auto m = std::make_unique<MaterializedAttention>(lt_handle());
       if (m->prepare(a, &why)) {
         p->materialized_workspace = DeviceBuffer(attention_materialized_workspace(a));
         // The score rows' padding columns (S rounded up to 8) are never written by the GEMMs;
@@ -882,6 +959,8 @@ void CudaEngine::Impl::build_table(Plan& p) {
   if ((pin_attention == "flash.k2" || pin_attention == "flash.k4") && !flash_route_supports(p.attn, split_tile(pin_attention)))
     p.attention_note = "HK_ATTENTION: key splits need the f16 kernel, head_dim 16-64 and thread-block clusters (sm_90+)";
 
+  // Own kernels only: the post-attention steps have the fused chain alone (below), no cuBLASLt GEMM.
+  if (!own_only)
   add(single_step_kernel<Ctx>("hk::gemm[cuda.cublaslt.bias_residual]", StepKind::out_proj,
                               [E, P](Ctx& c, const Step& s) {
                                 // Dense layer 0: x = input + o Wo^T + bo lands in the residual
@@ -913,12 +992,15 @@ void CudaEngine::Impl::build_table(Plan& p) {
                                 }),
         "epilogue", gemm_src, gemm_inner(&p.ffn_in_tanh));
   };
-  if (pin_gelu == "epilogue" && p.have_tanh) {
+  if (own_only) {
+    // no ffn_in / ffn_out kernel of its own
+  } else if (pin_gelu == "epilogue" && p.have_tanh) {
     tanh_epilogue();
   } else {
     erf_split();
     if (pin_gelu.empty() && p.have_tanh) tanh_epilogue();
   }
+  if (!own_only)
   add(single_step_kernel<Ctx>("hk::gemm[cuda.cublaslt.bias_residual]", StepKind::ffn_out,
                               [E, P](Ctx& c, const Step& s) {
                                 E->run_gemm(*P, P->ffn_out, s.layer, E->buf.f, E->buf.x, E->buf.x, c.stream);
@@ -980,7 +1062,8 @@ void CudaEngine::Impl::build_table(Plan& p) {
 #endif
 
   // ---- fused chains: candidates against the single kernels they replace ----------------------
-  const bool chains = precision == Precision::fast && pin_chains != "off" && routes.tune;
+  // Own kernels only: the post-attention chain is the only cover of its steps, tuned or not.
+  const bool chains = precision == Precision::fast && pin_chains != "off" && (routes.tune || own_only);
   if (!chains) return;
 #if HK_CUDA_HAVE_POST_ATTN_FUSED
   // out_proj .. next layer's ln1 (or .. final_ln in the last layer): one kernel per layer.
@@ -1193,7 +1276,9 @@ tune::ChooserOptions CudaEngine::Impl::chooser_options(const std::string& pin) c
 tune::TuneKey CudaEngine::Impl::key(const Plan& p, const std::string& op, const std::vector<std::string>& sources) const {
   std::vector<std::string> all = kEngineSources;
   all.insert(all.end(), sources.begin(), sources.end());
-  return {op, p.shape_text, act == DType::f16 ? "f16" : "f32", identity, tune::fingerprint(all)};
+  // Own kernels only narrows candidate sets (no cuBLASLt, no cuDNN): its answers get their own keys.
+  return {own_only ? op + ".own" : op, p.shape_text, act == DType::f16 ? "f16" : "f32", identity,
+          tune::fingerprint(all)};
 }
 
 CudaEngine::Impl::BufView CudaEngine::Impl::view(const Plan&, unsigned bit, const Ctx& c) const {
@@ -1262,11 +1347,11 @@ char* CudaEngine::Impl::scratch(DeviceBuffer& b, size_t bytes, cudaStream_t s) {
 
 void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ctx& c) {
   if (g.decided) return;
-  g.ensure();
+  const bool mma_only = !g.mma.empty() && pin_qkv_gemm == "mma";
+  if (!mma_only) g.ensure();  // the own kernel alone needs no cuBLASLt descriptor
   g.decided = true;
   std::vector<tune::Candidate> cands;
   std::vector<std::pair<bool, int>> what;  // (kn, algorithm)
-  const bool mma_only = !g.mma.empty() && pin_qkv_gemm == "mma";
   for (bool kn : {false, true}) {
     LtGemm* m = kn ? g.kn.get() : g.nk.get();
     if (!m || mma_only) continue;
@@ -1279,7 +1364,7 @@ void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ct
     }
   }
   // The own kernel's tile widths after cuBLASLt's algorithms (encoded as -1 - index).
-  const GemmShape& gs = g.nk ? g.nk->shape() : g.kn->shape();
+  const GemmShape& gs = g.shape;
   for (size_t j = 0; j < g.mma.size(); ++j) {
     cands.push_back({"mma.bn" + std::to_string(g.mma[j].bn),
                      small_gemm_name(gs.rows, gs.n, gs.k, g.mma[j]) + " (64 x " + std::to_string(g.mma[j].bn) +
@@ -2044,14 +2129,15 @@ std::string CudaEngine::stats() const {
     sum.measured += p->report.measured;
     sum.cached += p->report.cached;
   }
-  char b[512];
+  char b[640];
   std::snprintf(b, sizeof b,
                 "engine_ctor_ms=%.1f ctor_context_ms=%.1f ctor_handles_ms=%.1f ctor_weights_ms=%.1f ctor_arena_ms=%.1f "
                 "plans=%zu plan_build_ms=%.1f plan_build_first_ms=%.1f plan_gemm_ms=%.1f plan_warmup_ms=%.1f "
-                "plan_measure_ms=%.1f graph_capture_ms=%.1f graphs=%d decisions_measured=%d decisions_cached=%d",
+                "plan_measure_ms=%.1f graph_capture_ms=%.1f graphs=%d decisions_measured=%d decisions_cached=%d "
+                "libraries=%s cublaslt_loaded=%d",
                 m.ctor_ms, m.ctor_context_ms, m.ctor_handles_ms, m.ctor_weights_ms, m.ctor_arena_ms, m.plans.size(),
                 sum.build_ms, first_build_ms, sum.gemm_ms, sum.warmup_ms, sum.measure_ms, sum.capture_ms,
-                sum.captures, sum.measured, sum.cached);
+                sum.captures, sum.measured, sum.cached, m.own_only ? "own" : "all", lt::loaded() ? 1 : 0);
   return b;
 }
 
@@ -2123,6 +2209,7 @@ std::string CudaEngine::Impl::explain_plan(const Plan& p, int B) const {
     << (p.materialized_note.empty() ? "" : " (materialized not used: " + p.materialized_note + ")") << "\n";
   for (const std::string& n : p.chain_notes) o << "chain " << n << "\n";
   if (!p.whole_model_note.empty()) o << p.whole_model_note << "\n";
+  o << "libraries: " << libraries_note << "\n";
   if (p.packed)
     o << "padding-free: " << p.T << " packed rows for " << int64_t(B) * S << " positions"
       << (p.pack_x ? "" : "; the first layer's chain reads the residual from the input rows (no packed copy)") << "\n";
@@ -2133,6 +2220,13 @@ std::string CudaEngine::Impl::explain_plan(const Plan& p, int B) const {
     << "\n";
   o << describe_plan(p.kernels, steps);
   auto gemm_line = [&o](const char* step, const GemmNode& g) {
+    if (g.use_mma >= 0 && (!g.built() || (!g.nk && !g.kn))) {  // the own kernel, no cuBLASLt descriptor made
+      const GemmShape& s = g.shape;
+      o << "gemm " << step << " [" << to_string(s.epilogue) << "] rows " << s.rows << " n " << s.n << " k " << s.k
+        << ": [N,K] weights, " << small_gemm_name(s.rows, s.n, s.k, g.mma[size_t(g.use_mma)])
+        << " (own kernel only)\n";
+      return;
+    }
     if (!g.built() || (!g.nk && !g.kn)) return;  // not made: no kernel of the plan used it
     const LtGemm& a = g.active();
     const GemmShape& s = a.shape();

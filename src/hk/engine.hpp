@@ -18,6 +18,12 @@ struct EngineOptions {
   int max_batch = 1;  // largest B of one forward() call: buffers are sized for it once
   int seq_len = 1;    // S
   int device = 0;     // GPU ordinal for the cuda backend
+  // Token positions (sequences x seq_len, padding included) of the whole job this engine belongs
+  // to, over all its forward() calls and, under MPI, over all ranks (so that every rank decides
+  // alike); 0 = unknown or long-lived. A backend may run a short job on its own kernels only, when
+  // a vendor library's one-time set-up would cost more than it saves over the job (the cuda
+  // backend: cuBLASLt, HK_LIBRARIES in docs/KNOBS.md).
+  int64_t job_tokens = 0;
 };
 
 class Engine {
@@ -48,9 +54,10 @@ class Backend {
   // Empty when this backend can run here; otherwise why not ("built without CUDA", "no GPU").
   virtual std::string unavailable_reason() const = 0;
   virtual std::unique_ptr<Engine> create(const Model& model, const EngineOptions& options) const = 0;
-  // Optional: the one-time start-up of `device` that create() would otherwise pay (a driver
-  // context, libraries loaded at run time), done ahead, e.g. on another thread while the input is
-  // read. Thread-safe, idempotent; failures are left for create() to report. Default: nothing.
+  // Optional: the one-time start-up of `device` that create() would otherwise pay (the driver
+  // context), done ahead, e.g. on another thread while the input is read. Libraries an engine
+  // may not need are left to the engine. Thread-safe, idempotent; failures are left for create()
+  // to report. Default: nothing.
   virtual void prepare(int device) const { (void)device; }
 };
 

@@ -21,6 +21,7 @@
 // paths, bucket reuse, warm_up ahead of the first forward, a wrong token count reported, fp32;
 // padded rows exactly 0.
 // The whole-model kernel (WholeModelKernel): pinned and tuned, and in-place forwards (y == x).
+// Own kernels only (OwnKernelsOnly, the death test): a short job's engine never loads cuBLASLt.
 // Exits 77 (skipped) without a GPU (gpu_test_main.cpp).
 #include <gtest/gtest.h>
 
@@ -34,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "cublaslt_api.hpp"
 #include "cuda/engine.hpp"
 #include "gpu_util.hpp"
 #include "hk/error.hpp"
@@ -659,6 +661,189 @@ TEST(CudaForward, WholeModelKernel) {
   failures += run_whole_model_case({"S=100 D=128 H=2 F=112 L=3", 3, 100, 128, 2, 112, 3, true, true, Lens::edge}, dir);
   std::filesystem::remove_all(dir);
   EXPECT_EQ(failures, 0);
+}
+
+// ---- own kernels only (HK_LIBRARIES) -------------------------------------------------------------
+// A short job (EngineOptions::job_tokens, as hk_forward passes it) runs on hk's own kernels where
+// they cover the model: explain says so and lists no cuBLASLt kernel; the output is within budget
+// with padded rows exactly 0, untuned and tuned, dense and padding-free (tokens given). A long job
+// and fp32 keep cuBLASLt; a pin naming a library route wins over a short job.
+bool own_expected(const Case& c) {
+  const int hd = c.D / c.H;
+  return c.D % 32 == 0 && c.D <= 256 && c.F % 8 == 0 && c.F <= 256 && hd % 8 == 0;
+}
+
+int run_own_case(const Case& c, const std::string& cache_dir) {
+  Table t(c);
+  std::printf("---- own kernels %s: B=%d S=%d D=%d H=%d F=%d L=%d\n", c.name.c_str(), c.B, c.S, c.D, c.H, c.F, c.L);
+  hk::ModelConfig cfg;
+  cfg.d_model = c.D;
+  cfg.n_heads = c.H;
+  cfg.ffn_dim = c.F;
+  cfg.n_layers = c.L;
+  cfg.causal = c.causal;
+  const uint64_t seed = uint64_t(c.B * 7919 + c.S * 13 + c.D * 5 + c.F);
+  const hk::Model model = hk::synthetic_model(cfg, seed, c.nontrivial_ln);
+  const size_t n = size_t(c.B) * c.S * c.D;
+  const std::vector<float> x = hk::synthetic_input(c.B, c.S, c.D, seed);
+  std::vector<int32_t> lengths = make_lengths(c, seed);
+  if (lengths.empty()) lengths.assign(size_t(c.B), c.S);
+  int64_t tokens = 0;
+  for (int32_t l : lengths) tokens += l;
+  const std::vector<double> ref =
+      hk::test::naive_forward(model, std::vector<double>(x.begin(), x.end()), c.B, c.S, lengths);
+  cudaStream_t stream = nullptr;
+  HK_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DevBuf xd(n * 4), yd(n * 4), ld(size_t(c.B) * 4 + 4);
+  xd.upload(x);
+  ld.upload(lengths);
+  auto make = [&](Precision p, int64_t job, Routes r) {
+    hk::EngineOptions o;
+    o.backend = "cuda";
+    o.precision = p;
+    o.max_batch = c.B;
+    o.seq_len = c.S;
+    o.job_tokens = job;
+    r.poison = true;
+    return std::make_unique<CudaEngine>(model, o, r);
+  };
+  const int64_t short_job = int64_t(c.B) * c.S, long_job = int64_t(1) << 40;
+  struct Variant {
+    const char* name;
+    Precision p;
+    int64_t job;
+    bool tuned;
+    const char* pin_family;  // nullptr: none
+    const char* pin_value;
+    bool own;  // expected
+  };
+  const bool cover = own_expected(c);
+  const Variant variants[] = {
+      {"short/untuned", Precision::fast, short_job, false, nullptr, nullptr, cover},
+      {"short/tuned", Precision::fast, short_job, true, nullptr, nullptr, cover},
+      {"pinned own", Precision::fast, 0, false, "libraries", "own", cover},
+      {"long job", Precision::fast, long_job, true, nullptr, nullptr, false},
+      {"unknown size", Precision::fast, 0, false, nullptr, nullptr, false},
+      {"short+HK_QKV_GEMM=cublaslt", Precision::fast, short_job, false, "qkv_gemm", "cublaslt", false},
+      {"short+HK_LIBRARIES=all", Precision::fast, short_job, false, "libraries", "all", false},
+      {"short fp32", Precision::fp32, short_job, false, nullptr, nullptr, false},
+  };
+  for (const Variant& v : variants) {
+    try {
+      Routes r;
+      if (v.tuned) {
+        r.tune = true;
+        r.tune_cache_dir = cache_dir;
+      }
+      if (v.pin_family) r.pins[v.pin_family] = v.pin_value;
+      auto e = make(v.p, v.job, r);
+      for (bool packed : {false, true}) {
+        yd.poison();
+        if (packed) {
+          e->forward_device(xd.get<float>(), ld.get<int32_t>(), c.B, yd.get<float>(), stream, tokens);
+        } else {
+          e->forward_device(xd.get<float>(), ld.get<int32_t>(), c.B, yd.get<float>(), stream);
+        }
+        HK_TEST_CUDA(cudaStreamSynchronize(stream));
+        const std::vector<float> y = yd.download<float>(n);
+        const std::string plan = e->explain_last(c.B);
+        const bool own = plan.find("libraries: own kernels only") != std::string::npos;
+        const bool lt_kernel = plan.find("cublaslt") != std::string::npos;
+        bool pad_zero = true;
+        for (int b = 0; b < c.B && pad_zero; ++b)
+          for (size_t i = size_t(b) * c.S * c.D + size_t(lengths[size_t(b)]) * c.D; i < size_t(b + 1) * c.S * c.D; ++i)
+            if (y[i] != 0.0f) {
+              pad_zero = false;
+              break;
+            }
+        double err = 0;
+        bool within = true;
+        if (v.p == Precision::fp32) {
+          for (size_t i = 0; i < n; ++i) err = std::max(err, std::isfinite(y[i]) ? std::fabs(double(y[i]) - ref[i]) : 1e30);
+          within = err <= 1e-4;
+        } else {
+          err = hk::test::budget_ratio(y.data(), ref);
+          within = err <= 1.0;
+        }
+        std::string why;
+        if (own != v.own) why += own ? " own kernels where not expected;" : " libraries used where own expected;";
+        if (own && lt_kernel) why += " a cuBLASLt kernel in an own-kernel plan;";
+        if (!pad_zero) why += " padded row not 0;";
+        if (!within) why += " over budget;";
+        t.row(std::string(v.name) + (packed ? "/packed" : "/dense"), (own ? "own " : "libs ") + fmt("%.3g", err),
+              why.empty(), why);
+      }
+    } catch (const hk::Error& err) {
+      t.row(v.name, "threw", false, err.what());
+    }
+  }
+  cudaStreamDestroy(stream);
+  return t.failures();
+}
+
+TEST(CudaForward, OwnKernelsOnly) {
+  header();
+  int failures = 0;
+  const std::string dir = temp_dir();
+  const std::vector<Case> spec = spec_cases();
+  for (int id : {1, 2, 3, 4, 6, 7, 8, 9, 12}) failures += run_own_case(spec[size_t(id - 1)], dir);
+  for (const Case& c : odd_cases()) failures += run_own_case(c, dir);
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(failures, 0);
+}
+
+// In a fresh process (a re-executed death-test child): engines of a short job run forwards and
+// cuBLASLt stays unloaded; then an engine that uses it loads it (the detector can say yes).
+void own_kernels_leave_cublaslt_unloaded() {
+  const Case c = spec_cases()[0];  // case 1, scaled
+  hk::ModelConfig cfg;
+  cfg.d_model = c.D;
+  cfg.n_heads = c.H;
+  cfg.ffn_dim = c.F;
+  cfg.n_layers = c.L;
+  cfg.causal = c.causal;
+  const hk::Model model = hk::synthetic_model(cfg, 5, false);
+  const std::vector<float> x = hk::synthetic_input(c.B, c.S, c.D, 5);
+  const std::vector<int32_t> lengths = hk::synthetic_lengths(c.B, c.S, 5);
+  std::vector<float> y(x.size());
+  const std::string dir = temp_dir();
+  auto make = [&](int64_t job, bool tuned) {
+    hk::EngineOptions o;
+    o.backend = "cuda";
+    o.max_batch = c.B;
+    o.seq_len = c.S;
+    o.job_tokens = job;
+    Routes r;
+    r.tune = tuned;
+    r.tune_cache_dir = tuned ? dir : "";
+    return std::make_unique<CudaEngine>(model, o, r);
+  };
+  int rc = 0;
+  if (hk::cuda::lt::loaded()) {
+    std::fprintf(stderr, "cuBLASLt loaded before any engine\n");
+    rc = 1;
+  }
+  for (bool tuned : {false, true}) {
+    auto e = make(int64_t(c.B) * c.S, tuned);
+    e->forward(x.data(), lengths.data(), c.B, y.data());
+    if (hk::cuda::lt::loaded()) {
+      std::fprintf(stderr, "cuBLASLt loaded by a short job's %s engine\n", tuned ? "tuned" : "untuned");
+      rc = 1;
+    }
+  }
+  auto e = make(0, false);
+  e->forward(x.data(), lengths.data(), c.B, y.data());
+  if (!hk::cuda::lt::loaded()) {
+    std::fprintf(stderr, "cuBLASLt not loaded by an engine of unknown job size\n");
+    rc = 1;
+  }
+  std::filesystem::remove_all(dir);
+  std::exit(rc);
+}
+
+TEST(CudaForwardDeathTest, OwnKernelsLeaveCuBlasLtUnloaded) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process: nothing loaded by earlier tests
+  EXPECT_EXIT(own_kernels_leave_cublaslt_unloaded(), ::testing::ExitedWithCode(0), "");
 }
 
 TEST(TuneCuda, GuardReductionMatchesHost) {

@@ -154,12 +154,13 @@ const Route kRoutes[] = {
     {"gelu=epilogue", "HK_GELU", "epilogue"}, {"chains=off", "HK_CHAINS", "off"},
     {"graph=0", "HK_GRAPH", "0"},           {"graph=1", "HK_GRAPH", "1"},
     {"pack=1", "HK_PACK", "1"},             {"qkv_gemm=mma", "HK_QKV_GEMM", "mma"},
+    {"libraries=own", "HK_LIBRARIES", "own"},
 };
 
 const char* const kKnobs[] = {"HK_TUNE",    "HK_TUNE_CACHE",  "HK_TUNE_REMEASURE", "HK_TUNE_VERBOSE",
                               "HK_ATTENTION", "HK_GELU",      "HK_GEMM_LAYOUT",    "HK_GEMM_ALGO",
                               "HK_CHAINS",  "HK_GRAPH",       "HK_PACK",           "HK_CUDA_POISON",
-                              "HK_QKV_GEMM"};
+                              "HK_QKV_GEMM", "HK_LIBRARIES"};
 
 struct Config {
   Precision precision;

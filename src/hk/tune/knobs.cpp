@@ -46,6 +46,15 @@ const std::vector<Knob>& knobs() {
        "where it measures faster than the kernels it replaces (untuned: the table's first kernel), and the "
        "whole-model persistent kernel (D, F <= 128, S <= 128) where it measures faster than the chosen "
        "per-layer plan. persistent: the whole-model kernel wherever the model is within its limits."},
+      {"HK_LIBRARIES", "auto|all|own", "auto", "cuda",
+       "Vendor libraries as routes (fast precision). all: cuBLASLt GEMMs (and cuDNN attention where tuning may "
+       "pick it) are candidates or defaults as described above. own: hk's own kernels only (the mma QKV "
+       "kernel, flash attention, the fused post-attention chain), so cuBLASLt is never loaded, where they "
+       "cover the model (D a multiple of 32 up to 256, F a multiple of 8 up to 256) and no pin asks for a "
+       "library route; else all. auto: own for a short job (the engine is told the job's size, as "
+       "hk_forward does: at most 5e13 flops of forward work, e.g. 6e7 positions at D = F = 128), where "
+       "cuBLASLt's one-time set-up (~0.15 s on an H200) would cost more than its faster GEMMs save; all "
+       "otherwise. The two plans differ in bits; every rank of a job decides alike."},
       {"HK_GRAPH", "auto|1|0", "auto", "cuda",
        "CUDA graph replay of the whole forward. 1: always, 0: eager launches. auto: graph unless eager launch "
        "measures faster (best of three, 0.5% margin); untuned: graph."},
