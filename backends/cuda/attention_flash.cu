@@ -281,11 +281,10 @@ __global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
 #pragma unroll
   for (int i = 0; i < NDT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY};  // running row max (raw score units), rows g and g+8
-  // Running row sums as an mma accumulator: P (fp16, as it enters the PV product) times a 16 x 8
-  // block of ones, so [0] / [2] hold the whole sum of rows g / g + 8 (every column the same; [1]
-  // and [3] are never read). Instead of one add per probability on the issue-bound path.
+  // Running row sums as an mma accumulator (ptx.cuh kHalf2Ones): [0] / [2] hold the whole sum of
+  // rows g / g + 8 ([1] and [3] are never read). Instead of one add per probability on the
+  // issue-bound path.
   float lacc[4] = {0.f, 0.f, 0.f, 0.f};
-  constexpr uint32_t kOnes = 0x3C003C00u;  // fp16 1.0 pair: the B fragment of the ones block
   const float sl2 = a.scale_log2;
 
   for (int kb = kb_lo; kb < kb_hi; ++kb) {
@@ -405,7 +404,7 @@ __global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
         const uint32_t pa[4] = {pack_half2(s[2 * ks][0], s[2 * ks][1]), pack_half2(s[2 * ks][2], s[2 * ks][3]),
                                 pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
                                 pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-        mma_16816(lacc, pa, kOnes, kOnes);
+        mma_16816(lacc, pa, kHalf2Ones, kHalf2Ones);
         if constexpr (HD == 8) {
           uint32_t b0, b1;
           ldsm_x2_t(b0, b1, v_tile + ks * 16 * LD * 2);

@@ -422,7 +422,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) model_persistent_kernel(
             float o[ND][4];
             zero(o);
             float m[2] = {-INFINITY, -INFINITY};  // running row max (raw score units)
-            float lsum[2] = {0.f, 0.f};           // running row sum over this thread's columns
+            float lacc[4] = {0.f, 0.f, 0.f, 0.f};  // row sums by mma (ptx.cuh kHalf2Ones): [0] row g, [2] row g + 8
 #pragma unroll 1
             for (int kb = 0; kb * kKeyBlock < nk; ++kb) {
               float s[2 * kKeyBlock][4];
@@ -477,7 +477,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) model_persistent_kernel(
                 mb[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
                 const float alpha = ex2(m[r] * sl2 - mb[r]);
                 m[r] = mx[r];
-                lsum[r] *= alpha;
+                lacc[2 * r] *= alpha;
 #pragma unroll
                 for (int dt = 0; dt < ND; ++dt) {
                   o[dt][2 * r] *= alpha;
@@ -491,14 +491,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) model_persistent_kernel(
 #pragma unroll
                   for (int n = 0; n < 2; ++n)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                      s[2 * kk + n][e] = ex2(fmaf(s[2 * kk + n][e], sl2, -mb[e >> 1]));
-                      lsum[e >> 1] += s[2 * kk + n][e];
-                    }
+                    for (int e = 0; e < 4; ++e) s[2 * kk + n][e] = ex2(fmaf(s[2 * kk + n][e], sl2, -mb[e >> 1]));
                   // O += P V: the score accumulators of the tile's two key n-tiles form one A fragment.
                   const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
                                           pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                                           pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                  mma_16816(lacc, pa, kHalf2Ones, kHalf2Ones);
                   if constexpr (HD == 8) {
                     uint32_t b0, b1;
                     ldsm_x2_t(b0, b1, v8_lane + uint32_t(kt * 16 * LDD) * 2u + uint32_t(hh) * 16u);
@@ -518,11 +516,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) model_persistent_kernel(
             // o = fp16(O / l) over this head's q columns (every lane has read its q fragments).
             float inv[2];
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              lsum[r] += __shfl_xor_sync(0xffffffffu, lsum[r], 1);
-              lsum[r] += __shfl_xor_sync(0xffffffffu, lsum[r], 2);
-              inv[r] = lsum[r] > 0.f ? 1.f / lsum[r] : 0.f;
-            }
+            for (int r = 0; r < 2; ++r) inv[r] = lacc[2 * r] > 0.f ? 1.f / lacc[2 * r] : 0.f;
             __syncwarp();
 #pragma unroll
             for (int dt = 0; dt < ND; ++dt) {

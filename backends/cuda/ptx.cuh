@@ -50,6 +50,12 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// The B fragment of a 16 x 8 block of fp16 ones (both halves 1.0): mma_16816(l, P, kHalf2Ones,
+// kHalf2Ones) adds P's 16 columns into every column of l, so l[0] / l[2] hold whole row sums of
+// rows g / g + 8 (no quad reduction). Softmax row sums this way cost one mma per 16 keys instead
+// of one add per probability, and sum P as rounded to fp16 for the P V product.
+constexpr uint32_t kHalf2Ones = 0x3C003C00u;
+
 // D = A(16x8, row) * B(8x8, col) + D: a k = 8 product (head_dim 8) without a zero-padded half.
 __device__ __forceinline__ void mma_1688(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
   asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"

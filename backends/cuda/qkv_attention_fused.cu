@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, Unit<HD>::kMinBlocks) qkv_attention_
 #pragma unroll
           for (int dt = 0; dt < ND; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
           float m[2] = {-INFINITY, -INFINITY};  // running row max (raw score units), rows g and g+8
-          float l[2] = {0.f, 0.f};              // running row sum over this thread's columns
+          float lacc[4] = {0.f, 0.f, 0.f, 0.f};  // row sums by mma (ptx.cuh kHalf2Ones): [0] row g, [2] row g + 8
 #pragma unroll 1
           for (int kb = 0; kb * kBlockTiles < nk; ++kb) {
             float s[2 * kBlockTiles][4];
@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, Unit<HD>::kMinBlocks) qkv_attention_
               mb[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
               const float alpha = ex2(m[r] * sl2 - mb[r]);
               m[r] = mx[r];
-              l[r] *= alpha;
+              lacc[2 * r] *= alpha;
 #pragma unroll
               for (int dt = 0; dt < ND; ++dt) {
                 o[dt][2 * r] *= alpha;
@@ -346,14 +346,12 @@ __global__ void __launch_bounds__(kThreads, Unit<HD>::kMinBlocks) qkv_attention_
 #pragma unroll
                 for (int n = 0; n < 2; ++n)
 #pragma unroll
-                  for (int e = 0; e < 4; ++e) {
-                    s[2 * kk + n][e] = ex2(fmaf(s[2 * kk + n][e], sl2, -mb[e >> 1]));
-                    l[e >> 1] += s[2 * kk + n][e];
-                  }
+                  for (int e = 0; e < 4; ++e) s[2 * kk + n][e] = ex2(fmaf(s[2 * kk + n][e], sl2, -mb[e >> 1]));
                 // O += P V: the score accumulators of the tile's two key n-tiles form one A fragment.
                 const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
                                         pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                                         pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                mma_16816(lacc, pa, kHalf2Ones, kHalf2Ones);
                 if constexpr (HD == 8) {
                   uint32_t b0, b1;
                   ldsm_x2_t(b0, b1, v8_addr + (kt * 16 * LDKV + j * 8) * 2);
@@ -378,12 +376,10 @@ __global__ void __launch_bounds__(kThreads, Unit<HD>::kMinBlocks) qkv_attention_
           const int row_end = a.seq_start ? len : a.S;  // positions of this sequence that exist in o
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
-            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
             const int qi = qi0 + 8 * r;
             if (qi >= row_end) continue;
             const bool valid = qi < len;
-            const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+            const float inv = lacc[2 * r] > 0.f ? 1.f / lacc[2 * r] : 0.f;
             __half* row = ob + int64_t(qi) * D;
 #pragma unroll
             for (int dt = 0; dt < ND; ++dt)
