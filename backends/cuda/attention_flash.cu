@@ -426,28 +426,27 @@ __global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
   const float l[2] = {lacc[0], lacc[2]};  // whole row sums already (the mma summed over the quad)
   if constexpr (KS > 1) {
     flash_combine_split<HD, NW, KS>(a, sh, q0, o, m, l, smem_raw, warp, lane);
-    return;
-  }
-
-  // Normalise, stage this warp's 16 rows as fp16 in its own rows of sQ, store 16-byte chunks.
-  float inv[2];
+  } else {
+    // Normalise, stage this warp's 16 rows as fp16 in its own rows of sQ, store 16-byte chunks.
+    float inv[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
-  __half* stage_rows = sQ + warp * 16 * LD;
+    for (int r = 0; r < 2; ++r) inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    __half* stage_rows = sQ + warp * 16 * LD;
 #pragma unroll
-  for (int dt = 0; dt < NDT; ++dt) {
-    *reinterpret_cast<__half2*>(stage_rows + g * LD + dt * 8 + 2 * t) =
-        __floats2half2_rn(o[dt][0] * inv[0], o[dt][1] * inv[0]);
-    *reinterpret_cast<__half2*>(stage_rows + (g + 8) * LD + dt * 8 + 2 * t) =
-        __floats2half2_rn(o[dt][2] * inv[1], o[dt][3] * inv[1]);
-  }
-  __syncwarp();
-  for (int idx = lane; idx < 16 * NDT; idx += 32) {
-    const int r = idx / NDT, c = idx % NDT;
-    const int pos = qw0 + r;
-    if (pos >= a.S || c * 8 >= a.hd || (pos >= sh.len && a.seq_start)) continue;
-    const uint4 v = pos < sh.len ? *reinterpret_cast<const uint4*>(stage_rows + r * LD + c * 8) : make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(out + (sh.row0 + pos) * a.out_stride + sh.h * a.hd + c * 8) = v;
+    for (int dt = 0; dt < NDT; ++dt) {
+      *reinterpret_cast<__half2*>(stage_rows + g * LD + dt * 8 + 2 * t) =
+          __floats2half2_rn(o[dt][0] * inv[0], o[dt][1] * inv[0]);
+      *reinterpret_cast<__half2*>(stage_rows + (g + 8) * LD + dt * 8 + 2 * t) =
+          __floats2half2_rn(o[dt][2] * inv[1], o[dt][3] * inv[1]);
+    }
+    __syncwarp();
+    for (int idx = lane; idx < 16 * NDT; idx += 32) {
+      const int r = idx / NDT, c = idx % NDT;
+      const int pos = qw0 + r;
+      if (pos >= a.S || c * 8 >= a.hd || (pos >= sh.len && a.seq_start)) continue;
+      const uint4 v = pos < sh.len ? *reinterpret_cast<const uint4*>(stage_rows + r * LD + c * 8) : make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(out + (sh.row0 + pos) * a.out_stride + sh.h * a.hd + c * 8) = v;
+    }
   }
 }
 
