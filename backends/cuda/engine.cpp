@@ -537,7 +537,7 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
     ctor_arena_ms = ms_since(t);
     buf = arena->buffers();
     steps = forward_steps(cfg.n_layers);
-    identity = device_identity(device);
+    identity = device_identity(device, !own_only);  // own kernels only: no library versions (nor loads)
     cache = std::make_unique<tune::TuneCache>(routes.tune ? routes.tune_cache_dir : std::string());
     chooser = std::make_unique<tune::Chooser>(cache.get(), routes.tune_verbose);
     timer = std::make_unique<CandidateTimer>(capture_stream);
@@ -884,7 +884,9 @@ void CudaEngine::Impl::build_table(Plan& p) {
         layer_norm(s.layer == 0 ? c.x : E->buf.x, E->buf.h, E->act, w.ln1_w, w.ln1_b, P->T, D, E->eps, c.stream);
       }),
       "ln", ln_src);
-  add(single_step_kernel<Ctx>(p.qkv.mma.empty() ? "hk::gemm[cuda.cublaslt.bias]" : "hk::gemm[cuda.cublaslt|mma.bias]",
+  add(single_step_kernel<Ctx>(p.qkv.mma.empty()         ? "hk::gemm[cuda.cublaslt.bias]"
+                              : pin_qkv_gemm == "mma" ? "hk::gemm[cuda.mma.bias]"
+                                                      : "hk::gemm[cuda.cublaslt|mma.bias]",
                               StepKind::qkv_proj,
                               [E, P](Ctx& c, const Step& s) {
                                 E->run_gemm(*P, P->qkv, s.layer, E->buf.h, nullptr, E->buf.qkv, c.stream);

@@ -23,7 +23,7 @@ std::string version_text(int v) {  // 13000 -> "13.0"
 
 }  // namespace
 
-hk::tune::DeviceIdentity device_identity(int device) {
+hk::tune::DeviceIdentity device_identity(int device, bool libraries) {
   cudaDeviceProp p{};
   HK_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
   hk::tune::DeviceIdentity id;
@@ -35,6 +35,10 @@ hk::tune::DeviceIdentity device_identity(int device) {
   HK_CUDA_CHECK(cudaRuntimeGetVersion(&rt));
   id.driver = version_text(drv);
   id.runtime = version_text(rt);
+  if (!libraries) {  // an engine on its own kernels only: asking the versions would load cuBLASLt
+    id.libraries = "none";
+    return id;
+  }
   id.libraries = "cublasLt " + std::to_string(lt::api().GetVersion());
   if (const int cudnn = CudnnRoute::runtime_version()) id.libraries += " cudnn " + std::to_string(cudnn);
   return id;

@@ -20,8 +20,9 @@
 
 namespace hk::cuda {
 
-// Name, SM count, compute capability, driver and runtime versions, cuBLASLt and cuDNN versions.
-hk::tune::DeviceIdentity device_identity(int device);
+// Name, SM count, compute capability, driver and runtime versions, cuBLASLt and cuDNN versions
+// (libraries = false: "none", for an engine that runs its own kernels only and loads neither).
+hk::tune::DeviceIdentity device_identity(int device, bool libraries = true);
 
 class CandidateTimer {
  public:
