@@ -36,7 +36,7 @@ struct ChunkGrid {
 struct PipelineStats {
   double read_s = 0, compute_s = 0, write_s = 0;
   double prepare_s = 0;  // the compute thread in `prepare` (e.g. waiting for the engine), while reading began
-  double pin_s = 0;      // page-locking the chunk buffers after `prepare`
+  double pin_s = 0;      // page-locking the chunk buffers (busy time of its thread: the first chunk's beside `prepare`, the rest after)
   int pinned = 0, pin_tried = 0;  // chunk buffers page-locked, of those tried (GPU runs)
   int64_t sequences_done = 0;  // computed and written by this rank
 };

@@ -774,7 +774,12 @@ int run_own_case(const Case& c, const std::string& cache_dir) {
               why.empty(), why);
       }
     } catch (const hk::Error& err) {
-      t.row(v.name, "threw", false, err.what());
+      // The f16 routes lack some head dims (hd 6, 10): fast precision refuses those cleanly.
+      if (c.fast_may_be_unsupported && v.p == Precision::fast) {
+        t.info(v.name, "refused", err.what());
+      } else {
+        t.row(v.name, "threw", false, err.what());
+      }
     }
   }
   cudaStreamDestroy(stream);
