@@ -1,7 +1,5 @@
 #include "host_buffers.hpp"
 
-#include <sys/mman.h>
-
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -36,13 +34,6 @@ bool HostBlock::pin(int device) {
   (void)device;
 #endif
   return registered_;
-}
-
-void HostBlock::populate() const noexcept {
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23  // Linux 5.14; older kernels answer EINVAL and nothing happens
-#endif
-  if (p_) ::madvise(p_, (bytes_ + 4095) / 4096 * 4096, MADV_POPULATE_WRITE);
 }
 
 HostBlock::~HostBlock() { release(); }

@@ -35,11 +35,6 @@ class HostBlock {
   // be writing the block meanwhile: registration keeps its contents. False (the block stays
   // ordinary memory, copies stay correct but slower) when CUDA refuses or is not built in.
   bool pin(int device);
-  // Faults the block's pages in now (madvise MADV_POPULATE_WRITE: contents kept, so a writer may
-  // be filling it meanwhile), on a thread of the caller's choosing: pin() then only locks them
-  // (measured on an H200 host: ~3 ms per 64 MiB populated against ~22 ms untouched), so that it
-  // holds CUDA's locks for less time. Best effort: a kernel without it leaves the faults to pin().
-  void populate() const noexcept;
 
   template <class T>
   T* as() const { return static_cast<T*>(p_); }

@@ -24,6 +24,7 @@ double since(clock::time_point t) { return std::chrono::duration<double>(clock::
 struct Slot {
   HostBlock data, lengths;
   bool full = false;
+  bool filled = false;  // written by its producer at least once (its pages are there)
 };
 
 class Pipeline {
@@ -108,64 +109,45 @@ class Pipeline {
       std::lock_guard<std::mutex> lock(m_);
       stats_.read_s += since(t);
       s.full = true;
+      s.filled = true;
       cv_.notify_all();
     }
   }
 
   void compute_all(int64_t n) {
     // Page-locking (which waits for the device's context) on a thread of its own, slot by slot in
-    // the order of first use: the first chunk's input and output buffers beside `prepare` (the
-    // engine), the others only once `prepare` has returned, since registering host memory holds
-    // up the engine's own CUDA calls (measured on an H200: 512 MiB registered beside it made its
-    // constructor ~0.13 s longer). A chunk is computed once its two slots have been through it.
-    std::vector<const Slot*> order = {&x_[0], &y_[0]};
-    if (x_.size() > 1) order.push_back(&x_[1]);
-    order.push_back(&y_[1]);
-    for (size_t j = 2; j < x_.size(); ++j) order.push_back(&x_[j]);
+    // the order of first use. Registering host memory holds up the engine's own CUDA calls, the
+    // more so the more of its pages are not yet there (measured on an H200 host: ~22 ms per
+    // untouched 64 MiB buffer, ~3 ms once the reader has filled it; 512 MiB registered beside the
+    // engine made its constructor ~0.13 s longer, and faulting the pages in on another thread made
+    // the context's creation as much longer). So: the first input buffer and both output buffers
+    // beside `prepare` (the engine), every further input buffer once `prepare` has returned and
+    // the reader has filled it. A chunk is computed once its two slots have been through it.
+    std::vector<Slot*> order = {&x_[0], &y_[0], &y_[1]};
+    for (size_t j = 1; j < x_.size(); ++j) order.push_back(&x_[j]);
     size_t pin_done = pin_device_ >= 0 && n > 0 ? 0 : order.size();  // slots of `order` through it (m_)
-    size_t populated = pin_done;                                   // slots whose pages are faulted in (m_)
     bool prepared = false;                                         // `prepare` returned or left (m_)
+    bool leaving = false;                                          // compute_all is leaving (m_)
     auto pin_ready = [&](const Slot& s) {
       for (size_t j = 0; j < pin_done; ++j)
         if (order[j] == &s) return true;
       return false;
     };
-    // Registration of memory whose pages are already there is several times shorter: another
-    // thread faults them in, in the same order, from the start (no CUDA call, no lock of CUDA's).
-    std::thread populator, pinner;
-    if (pin_done < order.size()) {
-      populator = std::thread([&] {
-        trace().name_thread("page-faulting");
-        for (size_t j = 0; j < order.size(); ++j) {
-          {
-            std::lock_guard<std::mutex> lock(m_);
-            if (stop_ || prepared_left_) break;
-          }
-          {
-            Trace::Span span(trace(), "fault in a chunk buffer", int64_t(j));
-            order[j]->data.populate();
-            order[j]->lengths.populate();
-          }
-          std::lock_guard<std::mutex> lock(m_);
-          populated = j + 1;
-          cv_.notify_all();
-        }
-        std::lock_guard<std::mutex> lock(m_);
-        populated = order.size();
-        cv_.notify_all();
-      });
-    }
+    auto is_input = [&](const Slot* s) { return s >= x_.data() && s < x_.data() + x_.size(); };
+    std::thread pinner;
     if (pin_done < order.size())
       pinner = std::thread([&] {
         trace().name_thread("page-locking");
         int pinned = 0, tried = 0;
         double busy = 0;
         for (size_t j = 0; j < order.size(); ++j) {
+          Slot& s = *order[j];
           {
             std::unique_lock<std::mutex> lock(m_);
-            if (!wait(lock, [&] { return populated > j && (j < 2 || prepared); })) break;
+            // An input slot after the first: once filled (its pages are there), after `prepare`.
+            if (!wait(lock, [&] { return leaving || j < 3 || (prepared && (!is_input(&s) || s.filled)); })) break;
+            if (leaving && j >= 3) break;
           }
-          Slot& s = const_cast<Slot&>(*order[j]);
           const auto t = clock::now();
           {
             Trace::Span span(trace(), "page-lock a chunk buffer", int64_t(j));
@@ -184,23 +166,20 @@ class Pipeline {
         pin_done = order.size();  // also when the run stopped: nobody waits for the rest
         cv_.notify_all();
       });
-    // On every way out (a failed `prepare` included) both helper threads are let go, then joined.
+    // On every way out (a failed `prepare` included) the page-locking thread is let go, then joined.
     struct Join {
       Pipeline& p;
-      std::thread& populator;
-      std::thread& pinner;
-      bool& prepared;
+      std::thread& t;
+      bool& leaving;
       ~Join() {
         {
           std::lock_guard<std::mutex> lock(p.m_);
-          prepared = true;
-          p.prepared_left_ = true;  // the faulting thread stops early too
+          leaving = true;
           p.cv_.notify_all();
         }
-        if (populator.joinable()) populator.join();
-        if (pinner.joinable()) pinner.join();
+        if (t.joinable()) t.join();
       }
-    } join{*this, populator, pinner, prepared};
+    } join{*this, pinner, leaving};
     if (n > 0) {
       auto t = clock::now();
       if (st_.prepare) {
@@ -294,7 +273,6 @@ class Pipeline {
   std::mutex m_;
   std::condition_variable cv_;
   bool stop_ = false;
-  bool prepared_left_ = false;  // compute_all is leaving: helper threads stop
   std::exception_ptr error_;
   PipelineStats stats_;
 };
