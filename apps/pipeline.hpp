@@ -65,18 +65,21 @@ struct PipelineStages {
 // Buffers: input_buffers(pin_device >= 0) x + 2 y chunk buffers of chunk * S * D floats and a lengths
 // buffer per x buffer. `pin_device` -1:
 // ordinary memory, touched at allocation; >= 0 (CUDA): allocated untouched and page-locked
-// (registered for that device) on a thread of their own while `prepare` runs and the reader is
-// already filling them; the compute stage starts once both are done. Throws the first failure
+// (registered for that device) on a thread of their own, in the order of first use: the first
+// input and both output buffers while `prepare` runs, each further input buffer after it once
+// the reader has filled it; a chunk is computed once its buffers are. Throws the first failure
 // of any stage (after stopping the others). With `keep` set the buffers are handed over there
 // instead of being released on return (releasing page-locked memory takes time the caller may
 // rather spend after its commit).
 PipelineStats run_pipeline(const ChunkGrid& grid, int S, int D, int pin_device, const PipelineStages& stages,
                            std::shared_ptr<void>* keep = nullptr);
 
-// Input chunk buffers: 2, or 6 with a GPU: while the CUDA context and the engine are made and
-// warmed up (about half a second) the reader reads up to six chunks ahead instead of stopping
-// after two, and the rest of the run is shorter by that much.
-inline int input_buffers(bool gpu) { return gpu ? 6 : 2; }
+// Input chunk buffers: 2, or 3 with a GPU: while the CUDA context and the engine are made and
+// warmed up (~0.3 s for a short job's engine on an H200) the reader reads about two chunks, and
+// keeps one more buffer of slack after that. Not more: the first fill of a buffer pays for its
+// pages (measured: a 64 MiB chunk read 65 ms into a new buffer, 33 ms into a used one), on the
+// reader's path, which sets the pace once the compute has started (six buffers: 0.1 s longer).
+inline int input_buffers(bool gpu) { return gpu ? 3 : 2; }
 // Bytes the pipeline holds per sequence of a chunk (its buffers).
 inline double pipeline_bytes_per_sequence(int S, int D, bool gpu) {
   const double x_buffers = input_buffers(gpu);
