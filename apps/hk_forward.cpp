@@ -26,7 +26,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "app_common.hpp"
@@ -611,18 +610,6 @@ int run(const Options& o, int* argc, char*** argv) {
   };
   hk::app::PipelineStats st;
   std::shared_ptr<void> chunk_buffers;  // released after the commit (unpinning takes a while)
-  // HK_RELEASE=early (default, cuda backend): engine, chunk buffers and CUDA context released
-  // beside the commit on `releaser`, joined before this function returns whatever happened.
-  const bool early_release = backend_name == "cuda" && hk::tune::knob_value("HK_RELEASE") != "exit";
-  std::string eng_precision, eng_backend, eng_device, engine_stats;
-  double release_s = 0;
-  std::thread releaser;
-  struct JoinReleaser {
-    std::thread& t;
-    ~JoinReleaser() {
-      if (t.joinable()) t.join();
-    }
-  } join_releaser{releaser};
   std::atomic<int64_t> rows_read{0};  // the end of the furthest chunk the reader started reading
   // The child's share of the run, for --stats: its own time, the time this process was blocked
   // on it, and how far it had validated (rows of this rank's chunks).
@@ -704,31 +691,11 @@ int run(const Options& o, int* argc, char*** argv) {
       st = hk::app::run_pipeline(grid, S, D, pin_device, stages, &chunk_buffers);
     }
     await_engine();  // a rank without chunks never ran the compute stage
-    eng_precision = hk::to_string(engine->precision());
-    eng_backend = engine->backend();
-    eng_device = engine->device();
-    engine_stats = engine->stats();  // its own set-up work (plans, graphs), for --stats
-    if (early_release) {
-      // The engine, the chunk buffers and the device's context go on a thread of their own beside
-      // the attributes, the validation child's last word and the commit (nothing below touches
-      // the GPU): the driver's teardown, ~0.1 s on an H200, no longer follows the commit.
-      releaser = std::thread([&] {
-        tr.name_thread("release");
-        const auto t = clock::now();
-        {
-          Span span(tr, "engine, chunk buffers and CUDA context release");
-          engine.reset();
-          chunk_buffers.reset();
-          hk::app::release_device(device);
-        }
-        release_s = std::chrono::duration<double>(clock::now() - t).count();
-      });
-    }
     std::unique_ptr<Span> attr_span = std::make_unique<Span>(tr, "output attributes");
     // Attributes now that the engine is known (collective in a job: every rank, same order).
-    out->set_attribute("precision", eng_precision);
-    out->set_attribute("backend", eng_backend);
-    out->set_attribute("device", eng_device);
+    out->set_attribute("precision", hk::to_string(engine->precision()));
+    out->set_attribute("backend", engine->backend());
+    out->set_attribute("device", engine->device());
     out->set_attribute("program", std::string(kProgram) + " " + HK_VERSION);
     out->set_attribute("version", HK_VERSION);
     out->set_attribute("input_file", input);
@@ -763,21 +730,19 @@ int run(const Options& o, int* argc, char*** argv) {
                 "write %.3f s), backend %s, device %s, precision %s%s -> %s\n",
                 kProgram, human(tokens).c_str(), (long long)B, S, total_s, human(tokens / total_s).c_str(), compute_max,
                 human(compute_max > 0 ? tokens / compute_max : 0.0).c_str(), st.read_s, st.write_s,
-                eng_backend.c_str(), eng_device.c_str(), eng_precision.c_str(),
+                engine->backend().c_str(), engine->device().c_str(), hk::to_string(engine->precision()),
                 job.size() > 1 ? (", " + std::to_string(job.size()) + " ranks").c_str() : "", output.c_str());
   }
-  if (releaser.joinable()) {
-    Span span(tr, "wait for the release");
-    releaser.join();
-  } else {
-    // The engine's teardown (device memory, graphs, library handles), timed for --stats; the
-    // CUDA context itself goes at process exit (HK_RELEASE=exit).
-    const auto t_release = clock::now();
+  // The engine's teardown (device memory, graphs, library handles), timed for --stats; the CUDA
+  // context itself goes at process exit.
+  const std::string engine_stats = engine->stats();  // its own set-up work (plans, graphs), for --stats
+  const auto t_release = clock::now();
+  {
     Span span(tr, "engine and chunk buffers release");
     engine.reset();
     chunk_buffers.reset();
-    release_s = std::chrono::duration<double>(clock::now() - t_release).count();
   }
+  const double release_s = std::chrono::duration<double>(clock::now() - t_release).count();
   if (o.stats) {
     std::printf("%s: stats: rank=%d ranks=%d chunk=%lld chunks=%lld local_chunks=%lld mem_cap=%lld "
                 "peak_rss_kib=%lld read_s=%.3f compute_s=%.3f write_s=%.3f wall_s=%.3f setup_s=%.3f header_s=%.3f "

@@ -71,13 +71,6 @@ int cuda_device_count() {
 #endif
 }
 
-void release_device([[maybe_unused]] int device) {
-#if HK_HAVE_CUDA
-  if (cudaSetDevice(device) == cudaSuccess) cudaDeviceReset();
-  cudaGetLastError();
-#endif
-}
-
 DeviceMemory device_memory(int device) {
   DeviceMemory m;
 #if HK_HAVE_CUDA

@@ -62,9 +62,6 @@ DeviceMemory device_memory(int device);
 DeviceMemory device_memory_nvml(int device);
 // Number of CUDA devices visible to this process (0 without CUDA).
 int cuda_device_count();
-// Destroys `device`'s primary context (cudaDeviceReset) once nothing of this process uses it any
-// more: the driver's teardown then runs here instead of at process exit. Nothing without CUDA.
-void release_device(int device);
 
 // The GPUs of this node in the CUDA runtime's numbering, found without starting CUDA: the entries
 // of CUDA_VISIBLE_DEVICES when it is set (indices, GPU-/MIG- UUIDs), else NVML's count of GPUs

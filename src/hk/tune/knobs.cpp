@@ -76,11 +76,6 @@ const std::vector<Knob>& knobs() {
        "(two-phase: aggregator ranks gather neighbouring rows and write them); individual: the same "
        "collective HDF5 calls, each rank writing its own rows underneath. The bits of the file are the same "
        "in every mode."},
-      {"HK_RELEASE", "early|exit", "early", "io",
-       "hk_forward with the cuda backend: early = the engine, the page-locked chunk buffers and the device's "
-       "CUDA context are released on a thread of their own as soon as the last chunk is written, beside the "
-       "output's attributes and commit (the driver's teardown then no longer follows the commit); exit = "
-       "after the commit, the context at process exit."},
       {"HK_CUDA_POISON", "0|1", "0", "tests",
        "1: fill the CUDA engine's arena with NaN at construction so a read of an unwritten element reaches "
        "the output."},
