@@ -126,7 +126,7 @@ class Pipeline {
     std::vector<Slot*> order = {&x_[0], &y_[0], &y_[1]};
     for (size_t j = 1; j < x_.size(); ++j) order.push_back(&x_[j]);
     size_t pin_done = pin_device_ >= 0 && n > 0 ? 0 : order.size();  // slots of `order` through it (m_)
-    bool prepared = false;                                         // `prepare` returned or left (m_)
+    bool prepared = false;                                         // `prepare` returned (m_)
     bool leaving = false;                                          // compute_all is leaving (m_)
     auto pin_ready = [&](const Slot& s) {
       for (size_t j = 0; j < pin_done; ++j)
@@ -146,7 +146,7 @@ class Pipeline {
             std::unique_lock<std::mutex> lock(m_);
             // An input slot after the first: once filled (its pages are there), after `prepare`.
             if (!wait(lock, [&] { return leaving || j < 3 || (prepared && (!is_input(&s) || s.filled)); })) break;
-            if (leaving && j >= 3) break;
+            if (leaving) break;  // the compute stage is done or failed: nothing more is needed
           }
           const auto t = clock::now();
           {

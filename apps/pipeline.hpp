@@ -1,6 +1,6 @@
 // hk_forward's streaming pipeline: a reader thread reads chunk k+1, the calling thread computes
 // chunk k and a writer thread writes chunk k-1, through a fixed set of chunk buffers (two input,
-// six with a GPU, and two output), so memory stays bounded whatever the file size. The HDF5 calls of the reader and
+// three with a GPU, and two output), so memory stays bounded whatever the file size. The HDF5 calls of the reader and
 // the writer are serialised by hk::io's lock (libhdf5 is not thread-safe here): reads and writes
 // alternate, and both overlap compute.
 //

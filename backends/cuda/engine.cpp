@@ -1351,7 +1351,6 @@ void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ct
   if (g.decided) return;
   const bool mma_only = !g.mma.empty() && pin_qkv_gemm == "mma";
   if (!mma_only) g.ensure();  // the own kernel alone needs no cuBLASLt descriptor
-  g.decided = true;
   std::vector<tune::Candidate> cands;
   std::vector<std::pair<bool, int>> what;  // (kn, algorithm)
   for (bool kn : {false, true}) {
@@ -1426,6 +1425,7 @@ void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ct
   };
   const tune::Decision d = chooser->decide(k, cands, probe, opt);
   apply(size_t(d.chosen));
+  g.decided = true;  // only once applied: a decision that threw is made again (never a cuBLASLt fallback)
   if (restore && snap) copy_set(p, restore, c, snap, false);
   p.decisions.push_back(d);
 }

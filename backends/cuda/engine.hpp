@@ -1,7 +1,8 @@
 // The CUDA backend's engine (public header: host compilers only need the CUDA runtime API).
 //
 // Per model: weights uploaded once (fp16 for `fast`, fp32 for `fp32`; q/k/v fused), one device
-// arena sized for max_batch * seq_len tokens, one cuBLASLt handle. Per batch size B (planned on
+// arena sized for max_batch * seq_len tokens, one cuBLASLt handle (none for an engine on its own
+// kernels only: HK_LIBRARIES below). Per batch size B (planned on
 // first use or by prepare(B)): cuBLASLt descriptors and algorithms, the attention route, the
 // kernel plan of hk/plan.hpp, and CUDA graphs of the whole forward, replayed per call.
 //
@@ -21,6 +22,9 @@
 //   HK_GEMM_LAYOUT=auto|nk|kn, HK_GEMM_ALGO=auto|0..7   pin GEMM layout / algorithm
 //   HK_QKV_GEMM=auto|cublaslt|mma   the QKV projection's GEMM: cuBLASLt or the own mma kernel
 //   HK_CHAINS=auto|off     fused chain kernels considered or not
+//   HK_LIBRARIES=auto|all|own   own kernels only (no cuBLASLt, no cuDNN; the QKV GEMM the mma
+//                          kernel, the post-attention steps the fused chain, also untuned): pinned,
+//                          or under auto for a short job (EngineOptions::job_tokens, docs/KNOBS.md)
 //   HK_GRAPH=auto|1|0      graph replay measured against eager, or pinned on / off
 //   HK_PACK=auto|1|0       padding-free execution (see below): by the size rule, always, never
 //   HK_CUDA_POISON=1       fill the arena with NaN at construction (tests: unwritten reads show)
@@ -63,7 +67,8 @@ struct Routes {
   bool tune_remeasure = false; // HK_TUNE_REMEASURE
   // Further pins by decision family -> candidate id: "attention" (flash, flash.q64, flash.q16,
   // cudnn, materialized), "gelu" (erf, epilogue), "gemm_layout" (nk, kn), "gemm_algo" (0..7),
-  // "chains" (off), "graph" (1, 0), "pack" (1, 0). The booleans above pin too.
+  // "qkv_gemm" (cublaslt, mma), "chains" (off, persistent), "graph" (1, 0), "pack" (1, 0),
+  // "libraries" (all, own). The booleans above pin too.
   std::map<std::string, std::string> pins;
 };
 // Parses the knobs above; throws hk::Error naming the variable on a value it does not know.

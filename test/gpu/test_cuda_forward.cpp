@@ -736,6 +736,9 @@ int run_own_case(const Case& c, const std::string& cache_dir) {
         r.tune_cache_dir = cache_dir;
       }
       if (v.pin_family) r.pins[v.pin_family] = v.pin_value;
+      // Padding-free when the token count is given, at these small B*S too (HK_PACK=1): the
+      // packed first LayerNorm, the chain's gathered residual and the scattering tail run.
+      r.pins["pack"] = "1";
       auto e = make(v.p, v.job, r);
       for (bool packed : {false, true}) {
         yd.poison();
@@ -766,6 +769,8 @@ int run_own_case(const Case& c, const std::string& cache_dir) {
           within = err <= 1.0;
         }
         std::string why;
+        const bool packed_plan = plan.find("padding-free:") != std::string::npos;
+        if (packed_plan != packed) why += packed ? " the tokens pass ran a dense plan;" : " a packed plan without tokens;";
         if (own != v.own) why += own ? " own kernels where not expected;" : " libraries used where own expected;";
         if (own && lt_kernel) why += " a cuBLASLt kernel in an own-kernel plan;";
         if (!pad_zero) why += " padded row not 0;";

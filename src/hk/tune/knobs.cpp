@@ -50,7 +50,7 @@ const std::vector<Knob>& knobs() {
        "Vendor libraries as routes (fast precision). all: cuBLASLt GEMMs (and cuDNN attention where tuning may "
        "pick it) are candidates or defaults as described above. own: hk's own kernels only (the mma QKV "
        "kernel, flash attention, the fused post-attention chain), so cuBLASLt is never loaded, where they "
-       "cover the model (D a multiple of 32 up to 256, F a multiple of 8 up to 256) and no pin asks for a "
+       "cover the model (D a multiple of 32 up to 256, F a multiple of 8 up to 256, head_dim a multiple of 8) and no pin asks for a "
        "library route; else all. auto: own for a short job (the engine is told the job's size, as "
        "hk_forward does: at most 5e13 flops of forward work, e.g. 6e7 positions at D = F = 128), where "
        "cuBLASLt's one-time set-up (~0.15 s on an H200) would cost more than its faster GEMMs save; all "
