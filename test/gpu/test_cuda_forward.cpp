@@ -668,6 +668,8 @@ TEST(CudaForward, WholeModelKernel) {
 // they cover the model: explain says so and lists no cuBLASLt kernel; the output is within budget
 // with padded rows exactly 0, untuned and tuned, dense and padding-free (tokens given). A long job
 // and fp32 keep cuBLASLt; a pin naming a library route wins over a short job.
+int g_own_packed_runs = 0;  // own-kernel forwards that ran a padding-free plan (must not stay 0)
+
 bool own_expected(const Case& c) {
   const int hd = c.D / c.H;
   return c.D % 32 == 0 && c.D <= 256 && c.F % 8 == 0 && c.F <= 256 && hd % 8 == 0;
@@ -769,8 +771,12 @@ int run_own_case(const Case& c, const std::string& cache_dir) {
           within = err <= 1.0;
         }
         std::string why;
+        // HK_PACK=1 packs whenever the token bucket is smaller than B*S (not at B*S <= 256).
         const bool packed_plan = plan.find("padding-free:") != std::string::npos;
-        if (packed_plan != packed) why += packed ? " the tokens pass ran a dense plan;" : " a packed plan without tokens;";
+        const bool expect_packed = packed && e->plan_rows(c.B, tokens) < int64_t(c.B) * c.S;
+        if (packed_plan != expect_packed)
+          why += expect_packed ? " the tokens pass ran a dense plan;" : " a packed plan where a dense one was due;";
+        if (own && packed_plan) ++g_own_packed_runs;
         if (own != v.own) why += own ? " own kernels where not expected;" : " libraries used where own expected;";
         if (own && lt_kernel) why += " a cuBLASLt kernel in an own-kernel plan;";
         if (!pad_zero) why += " padded row not 0;";
@@ -800,6 +806,7 @@ TEST(CudaForward, OwnKernelsOnly) {
   for (const Case& c : odd_cases()) failures += run_own_case(c, dir);
   std::filesystem::remove_all(dir);
   EXPECT_EQ(failures, 0);
+  EXPECT_GT(g_own_packed_runs, 0) << "no own-kernel forward ran a padding-free plan";
 }
 
 // In a fresh process (a re-executed death-test child): engines of a short job run forwards and
