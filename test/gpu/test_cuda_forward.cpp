@@ -162,6 +162,17 @@ std::string fmt(const char* f, double v) {
   return b;
 }
 
+// The model shape of a case (LayerNorm eps and the rest at their defaults).
+hk::ModelConfig config_of(const Case& c) {
+  hk::ModelConfig cfg;
+  cfg.d_model = c.D;
+  cfg.n_heads = c.H;
+  cfg.ffn_dim = c.F;
+  cfg.n_layers = c.L;
+  cfg.causal = c.causal;
+  return cfg;
+}
+
 struct Runner {
   const Case& c;
   hk::Model model;
@@ -190,12 +201,7 @@ int run_case(const Case& c) {
   std::printf("---- %s: B=%d S=%d D=%d H=%d (hd %d) F=%d L=%d %s, lengths %s%s\n", c.name.c_str(), c.B, c.S, c.D, c.H,
               c.D / c.H, c.F, c.L, c.causal ? "causal" : "bidirectional", lens_name(c.lens),
               c.nontrivial_ln ? ", non-trivial LayerNorm" : "");
-  hk::ModelConfig cfg;
-  cfg.d_model = c.D;
-  cfg.n_heads = c.H;
-  cfg.ffn_dim = c.F;
-  cfg.n_layers = c.L;
-  cfg.causal = c.causal;
+  const hk::ModelConfig cfg = config_of(c);
   const uint64_t seed = uint64_t(c.B * 1000003 + c.S * 1009 + c.D * 31 + c.L);
   Runner run{c, hk::synthetic_model(cfg, seed, c.nontrivial_ln), nullptr};
   HK_TEST_CUDA(cudaStreamCreateWithFlags(&run.stream, cudaStreamNonBlocking));
@@ -348,12 +354,7 @@ int run_tuned_case(const Case& c) {
   Table t(c);
   std::printf("---- tuned %s: B=%d S=%d D=%d H=%d F=%d L=%d %s, lengths %s\n", c.name.c_str(), c.B, c.S, c.D, c.H, c.F,
               c.L, c.causal ? "causal" : "bidirectional", lens_name(c.lens));
-  hk::ModelConfig cfg;
-  cfg.d_model = c.D;
-  cfg.n_heads = c.H;
-  cfg.ffn_dim = c.F;
-  cfg.n_layers = c.L;
-  cfg.causal = c.causal;
+  const hk::ModelConfig cfg = config_of(c);
   const uint64_t seed = uint64_t(c.B * 1000003 + c.S * 1009 + c.D * 31 + c.L) + 17;
   Runner run{c, hk::synthetic_model(cfg, seed, c.nontrivial_ln), nullptr};
   HK_TEST_CUDA(cudaStreamCreateWithFlags(&run.stream, cudaStreamNonBlocking));
@@ -460,12 +461,7 @@ int run_packed_case(const Case& c, const std::string& cache_dir) {
   Table t(c);
   std::printf("---- packed %s: B=%d S=%d D=%d H=%d F=%d L=%d %s, lengths %s\n", c.name.c_str(), c.B, c.S, c.D, c.H,
               c.F, c.L, c.causal ? "causal" : "bidirectional", lens_name(c.lens));
-  hk::ModelConfig cfg;
-  cfg.d_model = c.D;
-  cfg.n_heads = c.H;
-  cfg.ffn_dim = c.F;
-  cfg.n_layers = c.L;
-  cfg.causal = c.causal;
+  const hk::ModelConfig cfg = config_of(c);
   const uint64_t seed = uint64_t(c.B * 7919 + c.S * 101 + c.D * 13 + c.L);
   Runner run{c, hk::synthetic_model(cfg, seed, c.nontrivial_ln), nullptr};
   HK_TEST_CUDA(cudaStreamCreateWithFlags(&run.stream, cudaStreamNonBlocking));
@@ -596,12 +592,7 @@ TEST(CudaForward, PaddingFree) {
 int run_whole_model_case(const Case& c, const std::string& cache_dir) {
   Table t(c);
   std::printf("---- whole model %s: B=%d S=%d D=%d H=%d F=%d L=%d\n", c.name.c_str(), c.B, c.S, c.D, c.H, c.F, c.L);
-  hk::ModelConfig cfg;
-  cfg.d_model = c.D;
-  cfg.n_heads = c.H;
-  cfg.ffn_dim = c.F;
-  cfg.n_layers = c.L;
-  cfg.causal = c.causal;
+  const hk::ModelConfig cfg = config_of(c);
   const uint64_t seed = uint64_t(c.B * 31337 + c.S * 7 + c.D);
   Runner run{c, hk::synthetic_model(cfg, seed, c.nontrivial_ln), nullptr};
   HK_TEST_CUDA(cudaStreamCreateWithFlags(&run.stream, cudaStreamNonBlocking));
@@ -678,12 +669,7 @@ bool own_expected(const Case& c) {
 int run_own_case(const Case& c, const std::string& cache_dir) {
   Table t(c);
   std::printf("---- own kernels %s: B=%d S=%d D=%d H=%d F=%d L=%d\n", c.name.c_str(), c.B, c.S, c.D, c.H, c.F, c.L);
-  hk::ModelConfig cfg;
-  cfg.d_model = c.D;
-  cfg.n_heads = c.H;
-  cfg.ffn_dim = c.F;
-  cfg.n_layers = c.L;
-  cfg.causal = c.causal;
+  const hk::ModelConfig cfg = config_of(c);
   const uint64_t seed = uint64_t(c.B * 7919 + c.S * 13 + c.D * 5 + c.F);
   const hk::Model model = hk::synthetic_model(cfg, seed, c.nontrivial_ln);
   const size_t n = size_t(c.B) * c.S * c.D;
@@ -813,12 +799,7 @@ TEST(CudaForward, OwnKernelsOnly) {
 // cuBLASLt stays unloaded; then an engine that uses it loads it (the detector can say yes).
 void own_kernels_leave_cublaslt_unloaded() {
   const Case c = spec_cases()[0];  // case 1, scaled
-  hk::ModelConfig cfg;
-  cfg.d_model = c.D;
-  cfg.n_heads = c.H;
-  cfg.ffn_dim = c.F;
-  cfg.n_layers = c.L;
-  cfg.causal = c.causal;
+  const hk::ModelConfig cfg = config_of(c);
   const hk::Model model = hk::synthetic_model(cfg, 5, false);
   const std::vector<float> x = hk::synthetic_input(c.B, c.S, c.D, 5);
   const std::vector<int32_t> lengths = hk::synthetic_lengths(c.B, c.S, 5);
