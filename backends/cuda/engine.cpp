@@ -324,6 +324,12 @@ struct Plan {
   bool post_attn_decided = false;
 #endif
   size_t index_of(const Kernel<Ctx>* k) const { return size_t(k - table.data()); }
+  // Whether the chosen kernels run a step of this kind as a kernel of its own (not in a chain).
+  bool runs_alone(const std::vector<Step>& steps, StepKind kind) const {
+    for (const auto& k : kernels)
+      if (k.count == 1 && steps[size_t(k.first)].kind == kind) return true;
+    return false;
+  }
 };
 
 // The transposed [K, N] copies of every GEMM weight (the layout alternative), one allocation.
@@ -1691,10 +1697,7 @@ void CudaEngine::Impl::decide_graph(Plan& p, cudaGraphExec_t g, const Ctx& c) {
 void CudaEngine::Impl::decide_qkv_chain(Plan& p, const Ctx& c) {
   GemmNode& g = p.qkv;
   if (g.mma.empty() || !g.decided || g.use_mma >= 0 || (!g.nk && !g.kn)) return;
-  bool runs_gemm = false;
-  for (const auto& k : p.kernels)
-    if (k.count == 1 && steps[size_t(k.first)].kind == StepKind::qkv_proj) runs_gemm = true;
-  if (!runs_gemm) return;
+  if (!p.runs_alone(steps, StepKind::qkv_proj)) return;
   std::vector<std::string> sources = {"backends/cuda/gemm_cublaslt", "backends/cuda/gemm_small"};
   for (const auto& k : p.kernels) {
     const KernelMeta& m = p.meta[p.index_of(k.kernel)];
@@ -2221,7 +2224,10 @@ std::string CudaEngine::Impl::explain_plan(const Plan& p, int B) const {
                                 : std::string("on"))
     << "\n";
   o << describe_plan(p.kernels, steps);
-  auto gemm_line = [&o](const char* step, const GemmNode& g) {
+  // A GEMM line for each GEMM step the plan runs as a kernel of its own (a node measured while
+  // tuning but replaced by a chain says nothing about the plan).
+  auto gemm_line = [&o, &p, this](const char* step, StepKind kind, const GemmNode& g) {
+    if (!p.runs_alone(steps, kind)) return;
     if (g.use_mma >= 0 && (!g.built() || (!g.nk && !g.kn))) {  // the own kernel, no cuBLASLt descriptor made
       const GemmShape& s = g.shape;
       o << "gemm " << step << " [" << to_string(s.epilogue) << "] rows " << s.rows << " n " << s.n << " k " << s.k
@@ -2242,10 +2248,10 @@ std::string CudaEngine::Impl::explain_plan(const Plan& p, int B) const {
     o << (g.use_kn ? "[K,N]" : "[N,K]") << " weights, " << a.candidates().size() << " candidates, using #"
       << a.selected() << " (" << a.describe() << ")\n";
   };
-  gemm_line("qkv_proj", p.qkv);
-  gemm_line("out_proj", p.out);
-  gemm_line("ffn_in", uses("epilogue") ? p.ffn_in_tanh : p.ffn_in);
-  gemm_line("ffn_out", p.ffn_out);
+  gemm_line("qkv_proj", StepKind::qkv_proj, p.qkv);
+  gemm_line("out_proj", StepKind::out_proj, p.out);
+  gemm_line("ffn_in", StepKind::ffn_in, uses("epilogue") ? p.ffn_in_tanh : p.ffn_in);
+  gemm_line("ffn_out", StepKind::ffn_out, p.ffn_out);
   if (!p.decisions.empty()) {
     o << "decisions (candidate times in ms; the first candidate is the default):\n";
     for (const tune::Decision& d : p.decisions) o << "  " << d.describe() << "\n";
