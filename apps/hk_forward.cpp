@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "app_common.hpp"
+#include "chunk_sizing.hpp"
 #include "host_buffers.hpp"
 #include "mpi_job.hpp"
 #include "pipeline.hpp"
@@ -46,6 +47,11 @@
 namespace {
 
 constexpr const char* kProgram = "hk_forward";
+using hk::app::cache_bytes_for;
+using hk::app::ChunkSizing;
+using hk::app::engine_batch_for;
+using hk::app::planned_backend;
+using hk::app::size_chunks;
 
 struct Options {
   std::string trace;  // --trace FILE
@@ -54,23 +60,16 @@ struct Options {
   std::string backend = "auto";
   int device = 0;
   bool device_given = false;
-  int64_t batch_chunk = 0;  // 0: sized from the memory budget below
+  int64_t batch_chunk = 0;   // 0: sized from the memory budget (chunk_sizing.hpp)
+  int64_t engine_batch = 0;  // 0: sized from the memory the backend has
   std::string mem_cap;      // "" : the default budget
   bool quiet = false, progress = false, explain = false, knobs = false, stats = false;
   bool no_fork_validate = false;
   int validate_timeout = 300;  // seconds without progress before the validation child counts as hung
 };
 
-// Host memory a kokkos run may use for what grows with the chunk (chunk buffers, the engine's
-// activations, the HDF5 chunk cache of x) when --mem-cap is not given. A constant, not a measurement of
-// free memory, so that the default chunk grid (and so the bits of every result) is the same on
-// every machine and for every rank count.
-constexpr double kDefaultHostCapBytes = 1024.0 * (1 << 20);
 // Memory of the validation child (x buffer, float16 staging, HDF5 chunk cache) without --mem-cap.
 constexpr size_t kChildBufferBytes = size_t(64) << 20;
-// Device memory left to the CUDA runtime, cuBLASLt / cuDNN workspaces and graphs.
-constexpr double kDeviceReserveBytes = 1024.0 * (1 << 20);
-
 // Seconds since the epoch (--stats lines, set against a launcher's own clock).
 double unix_s(std::chrono::system_clock::time_point t) {
   return std::chrono::duration<double>(t.time_since_epoch()).count();
@@ -115,84 +114,6 @@ int64_t parse_bytes(const std::string& text) {
   if (errno != 0 || !end || *end != '\0' || !(v > 0) || v * scale > 9.0e18)
     throw hk::Error("--mem-cap " + text + ": expected a positive size in bytes, e.g. 512M or 8G");
   return int64_t(v * scale);
-}
-
-// Parameters of the model, for the device memory its weights take.
-double parameter_count(const hk::ModelConfig& c) {
-  const double D = c.d_model, F = c.ffn_dim;
-  return c.n_layers * (4.0 * D * D + 2.0 * D * F + 9.0 * D + F) + 2.0 * D;
-}
-
-struct ChunkSizing {
-  int64_t chunk = 1;
-  size_t cache_bytes = hk::io::kDefaultChunkCacheBytes;  // of the input x (y is written past HDF5's caches)
-  std::string basis;                                     // how it was sized, for --explain / --stats
-};
-
-// The HDF5 chunk cache of x under a memory cap: a sixteenth of it, 1..64 MiB.
-size_t cache_bytes_for(double cap) {
-  if (cap <= 0) return hk::io::kDefaultChunkCacheBytes;
-  return size_t(std::clamp(cap / 16.0, 1024.0 * 1024.0, double(hk::io::kDefaultChunkCacheBytes)));
-}
-
-// The x bytes per chunk the CUDA path aims at (see size_chunks).
-constexpr double kStreamChunkBytes = 64.0 * 1024 * 1024;
-
-// Sequences per chunk. Host memory (kokkos: everything; cuda: the page-locked buffers and the
-// engine's staging): the pipeline's chunk buffers, the engine's activations and the HDF5 chunk
-// cache of x stay within the cap. Device memory (cuda): the activation arena within what
-// cudaMemGetInfo reports free, shared by the ranks on one GPU, less the weights and a reserve,
-// and about 64 MiB of x per chunk; rounded down to a power of two so that small changes in free
-// memory keep the same chunk.
-ChunkSizing size_chunks(const hk::ModelConfig& c, int S, int64_t B, bool x_half, hk::Precision p,
-                        const std::string& backend, double mem_cap, const hk::app::DeviceMemory& dev,
-                        int ranks_per_device) {
-  ChunkSizing z;
-  const double D = c.d_model, F = c.ffn_dim;
-  const double host_cap = mem_cap > 0 ? mem_cap : (backend == "cuda" ? 0.0 : kDefaultHostCapBytes);
-  z.cache_bytes = cache_bytes_for(mem_cap);
-  double host_per_seq = hk::app::pipeline_bytes_per_sequence(S, c.d_model, backend == "cuda") +
-                        (x_half ? 2.0 * S * D : 0.0);
-  if (backend == "cuda") {
-    host_per_seq += 2.0 * 4.0 * S * D + 4.0;  // the engine's page-locked staging of x and y
-  } else {
-    const double elt = p == hk::Precision::reference ? 8.0 : 4.0;
-    host_per_seq += elt * S * (8.0 * D + F) + (p == hk::Precision::reference ? 8.0 * S * D : 0.0);
-  }
-  int64_t chunk = B;
-  if (host_cap > 0) {
-    const double left = host_cap - double(z.cache_bytes);
-    const int64_t n = left > 0 ? int64_t(std::floor(left / host_per_seq)) : 0;
-    if (n < 1)
-      throw hk::Error("--mem-cap " + std::to_string(int64_t(host_cap)) + " bytes is too small: one sequence needs about " +
-                      std::to_string(int64_t(host_per_seq)) + " bytes plus " + std::to_string(z.cache_bytes) +
-                      " of HDF5 chunk cache");
-    chunk = std::min<int64_t>(chunk, n);
-    z.basis = "host memory cap " + std::to_string(int64_t(host_cap)) + " bytes";
-  }
-  if (backend == "cuda") {
-    const double act = p == hk::Precision::fast ? 2.0 : 4.0;
-    const double dev_per_seq = 1.25 * S * (16.0 * D + act * (5.0 * D + F));
-    // Weights, and a second copy in the other GEMM layout that tuning may keep.
-    const double weights = 2.0 * act * parameter_count(c);
-    const double free = dev.known ? double(dev.free) / std::max(1, ranks_per_device) : 0.0;
-    const double budget = dev.known ? 0.8 * (free - weights - kDeviceReserveBytes) : 256.0 * (1 << 20);
-    int64_t n = int64_t(std::max(1.0, std::floor(budget / dev_per_seq)));
-    // Streaming granularity: about 64 MiB of x per chunk, so that reading chunk k+1, the forward
-    // of chunk k and writing chunk k-1 overlap (one chunk of a whole large batch would serialise
-    // them), and so that the chunk grid does not depend on the free memory or the rank count
-    // (a sequence is computed in the same chunk shape on any GPU and any number of ranks).
-    n = std::min<int64_t>(n, std::max<int64_t>(1, int64_t(kStreamChunkBytes / (4.0 * S * D))));
-    int64_t pow2 = 1;
-    while (pow2 * 2 <= n) pow2 *= 2;
-    chunk = std::min(chunk, pow2);
-    z.basis += std::string(z.basis.empty() ? "" : ", ") +
-               (dev.known ? "device memory free " + std::to_string(dev.free) + " bytes / " +
-                                std::to_string(std::max(1, ranks_per_device)) + " rank(s)"
-                          : "device memory unknown (256 MiB assumed)");
-  }
-  z.chunk = std::max<int64_t>(1, std::min<int64_t>(chunk, std::numeric_limits<int>::max() / std::max(1, S)));
-  return z;
 }
 
 std::string human(double v) {
@@ -444,8 +365,8 @@ int run(const Options& o, int* argc, char*** argv) {
   std::unique_ptr<hk::Model> model;
   std::unique_ptr<hk::io::InputFile> in;
   ChunkSizing sizing;
-  std::string backend_name;
-  int device = o.device;
+  const std::string planned = planned_backend(o.backend);
+  const hk::Precision precision = hk::precision_from_string(o.precision);
   try {
     {
       Span span(tr, "read the model, open the input");
@@ -453,29 +374,8 @@ int run(const Options& o, int* argc, char*** argv) {
       sizing.cache_bytes = cache_bytes_for(mem_cap);
       in = std::make_unique<hk::io::InputFile>(input, model->config, sizing.cache_bytes);
     }
-    // The backend "auto" resolves to; an unknown or unusable one is an agreed setup error here.
-    {
-      Span span(tr, "backend (waits for the probe)");
-      backend_name = hk::select_backend(o.backend).name();
-    }
-    hk::app::DeviceMemory dev;
-    int ranks_per_device = 1;
-    if (backend_name == "cuda") {
-      // One GPU per rank of a node, round robin (CUDA_VISIBLE_DEVICES set per rank gives 1 GPU each).
-      const int gpus = hk::app::cuda_device_count();
-      if (!o.device_given && job.mpi() && gpus > 0) device = job.local_rank() % gpus;
-      const int node_gpus = node_gpu_count > 0 ? node_gpu_count : gpus;  // the ranks of a node share these
-      if (node_gpus > 0) ranks_per_device = (job.local_size() + node_gpus - 1) / node_gpus;
-      const auto t_query = clock::now();
-      Span span(tr, "free device memory (wait)");
-      if (early_nvml.valid()) dev = early_nvml.get();
-      if (dev.device != device) dev = hk::app::device_memory_nvml(device);  // not the device it guessed
-      if (!dev.known && early_device.valid()) dev = early_device.get();     // no NVML: the context's figure
-      if (!dev.known || dev.device != device) dev = hk::app::device_memory(device);
-      device_query_s = std::chrono::duration<double>(clock::now() - t_query).count();
-    }
-    sizing = size_chunks(model->config, in->seq_len(), in->batch(), in->x_type() == hk::io::DType::float16,
-                         hk::precision_from_string(o.precision), backend_name, mem_cap, dev, ranks_per_device);
+    sizing = size_chunks(model->config, in->seq_len(), in->batch(), in->x_type() == hk::io::DType::float16, precision,
+                         planned, mem_cap);
     if (o.batch_chunk > 0) {
       sizing.chunk = std::min<int64_t>(o.batch_chunk, in->batch());
       sizing.basis = "--batch-chunk";
@@ -501,68 +401,112 @@ int run(const Options& o, int* argc, char*** argv) {
     setup_error = e.what();
   }
   agree(setup_error);
-  // One chunk grid for the whole job: the smallest any rank can hold (the same on every rank for
-  // --batch-chunk and for a memory cap; free device memory may differ between GPUs).
+  // One chunk grid for the whole job (the smallest any rank planned: the same on every rank
+  // unless the ranks guessed different backends).
   const int64_t chunk = job.min(sizing.chunk);
   const int64_t B = in->batch();
   const int S = in->seq_len(), D = in->d_model();
+  const bool x_half = in->x_type() == hk::io::DType::float16;
   const hk::app::ChunkGrid grid{B, chunk, job.rank(), job.size()};
   if (child) child->start(chunk, job.rank(), job.size());  // a rank's child reads that rank's chunks of x
 
-  // The CUDA engine (weights upload, activation arena, library handles) is built on its own
-  // thread while the output file is created and the first chunks are read; the compute stage
-  // waits for it before its first chunk. Its failures then end the run from there. The kokkos
-  // engine is built here (Kokkos is initialised on the thread that uses it).
+  // The backend, the device and the engine: resolved while the reader already reads the first
+  // chunks (the pipeline's set-up stage; --explain calls it alone). The CUDA engine (weights
+  // upload, activation arena, library handles) is then built on its own thread while the output
+  // file is created and the first chunks are read; the compute stage waits for it before its
+  // first chunk. Its failures then end the run from there. The kokkos engine is built here
+  // (Kokkos is initialised on the thread that uses it).
+  std::string backend_name;
+  int device = o.device;
+  int64_t engine_batch = chunk;  // sequences per engine forward: a chunk is computed in pieces of this many
   std::unique_ptr<hk::Engine> engine;
   double engine_s = 0, warm_s = 0;  // before the future: the build thread writes them until it is joined
   std::future<std::unique_ptr<hk::Engine>> engine_future;
   const char* const kEngineOom = "out of memory creating the engine (a smaller --batch-chunk needs less)";
-  try {
-    hk::EngineOptions eo;
-    eo.backend = o.backend;
-    eo.precision = hk::precision_from_string(o.precision);
-    eo.max_batch = int(chunk);
-    eo.seq_len = S;
-    eo.device = device;
-    // The whole file, not this rank's share: every rank of a job makes the same library choice
-    // (HK_LIBRARIES), so the output's bits do not depend on the number of ranks.
-    eo.job_tokens = B * int64_t(S);
-    const auto build = [&model, eo, &engine_s, &tr] {
-      const auto t = clock::now();
-      Span span(tr, "engine build");
-      auto e = hk::make_engine(*model, eo);
-      engine_s = std::chrono::duration<double>(clock::now() - t).count();
-      return e;
-    };
-    if (backend_name == "cuda" && !o.explain) {
-      // The engine thread also pays the first forward's one-time costs (planning, library set-up,
-      // graph capture: ~0.2 s on an H200) for this rank's first chunk, while the reader reads.
-      int64_t warm_b = 0, warm_tokens = 0;
-      if (grid.local_chunks() > 0) {
-        const int64_t k = grid.global_index(0);
-        warm_b = grid.rows(k);
-        warm_tokens = in->valid_tokens(grid.first_row(k), warm_b);
+  const auto start_engine = [&] {
+    try {
+      // The backend "auto" resolves to; an unknown or unusable one is an agreed setup error here.
+      {
+        Span span(tr, "backend (waits for the probe)");
+        backend_name = hk::select_backend(o.backend).name();
       }
-      engine_future = std::async(std::launch::async, [build, &tr, warm_b, warm_tokens, &warm_s] {
-        tr.name_thread("engine");  // build by value: it is local to this block
-        auto e = build();
-        const auto t = clock::now();
-        if (warm_b > 0) {
-          Span span(tr, "engine warm-up (first chunk's plan)");
-          e->warm_up(int(warm_b), warm_tokens);
-        }
-        warm_s = std::chrono::duration<double>(clock::now() - t).count();
-        return e;
-      });
+      hk::app::DeviceMemory dev;
+      int ranks_per_device = 1;
+      if (backend_name == "cuda") {
+        // One GPU per rank of a node, round robin (CUDA_VISIBLE_DEVICES set per rank gives 1 GPU each).
+        const int gpus = hk::app::cuda_device_count();
+        if (!o.device_given && job.mpi() && gpus > 0) device = job.local_rank() % gpus;
+        const int node_gpus = node_gpu_count > 0 ? node_gpu_count : gpus;  // the ranks of a node share these
+        if (node_gpus > 0) ranks_per_device = (job.local_size() + node_gpus - 1) / node_gpus;
+        const auto t_query = clock::now();
+        Span span(tr, "free device memory (wait)");
+        if (early_nvml.valid()) dev = early_nvml.get();
+        if (dev.device != device) dev = hk::app::device_memory_nvml(device);  // not the device it guessed
+        if (!dev.known && early_device.valid()) dev = early_device.get();     // no NVML: the context's figure
+        if (!dev.known || dev.device != device) dev = hk::app::device_memory(device);
+        device_query_s = std::chrono::duration<double>(clock::now() - t_query).count();
+      }
+      // --batch-chunk fixes the pieces too (the same chunk gives the same bits); --engine-batch sets them.
+      if (o.engine_batch > 0) {
+        engine_batch = std::min(chunk, o.engine_batch);
+        if (engine_batch < chunk) sizing.basis += std::string(sizing.basis.empty() ? "" : ", ") + "--engine-batch";
+      } else if (o.batch_chunk == 0)
+        engine_batch = engine_batch_for(model->config, S, x_half, precision, backend_name, planned, chunk, mem_cap,
+                                        dev, ranks_per_device, &sizing.basis);
+    } catch (const std::bad_alloc&) {
+      setup_error = "out of memory (a smaller --batch-chunk needs less)";
+    } catch (const std::exception& e) {
+      setup_error = e.what();
     }
-    else
-      engine = build();
-  } catch (const std::bad_alloc&) {
-    setup_error = kEngineOom;
-  } catch (const std::exception& e) {
-    setup_error = e.what();
-  }
-  agree(setup_error);
+    agree(setup_error);
+    engine_batch = job.min(engine_batch);  // the same pieces on every rank: the same bits
+    try {
+      hk::EngineOptions eo;
+      eo.backend = o.backend;
+      eo.precision = precision;
+      eo.max_batch = int(engine_batch);
+      eo.seq_len = S;
+      eo.device = device;
+      // The whole file, not this rank's share: every rank of a job makes the same library choice
+      // (HK_LIBRARIES), so the output's bits do not depend on the number of ranks.
+      eo.job_tokens = B * int64_t(S);
+      const auto build = [&model, eo, &engine_s, &tr] {
+        const auto t = clock::now();
+        Span span(tr, "engine build");
+        auto e = hk::make_engine(*model, eo);
+        engine_s = std::chrono::duration<double>(clock::now() - t).count();
+        return e;
+      };
+      if (backend_name == "cuda" && !o.explain) {
+        // The engine thread also pays the first forward's one-time costs (planning, library set-up,
+        // graph capture: ~0.2 s on an H200) for this rank's first piece, while the reader reads.
+        int64_t warm_b = 0, warm_tokens = 0;
+        if (grid.local_chunks() > 0) {
+          const int64_t k = grid.global_index(0);
+          warm_b = std::min(engine_batch, grid.rows(k));
+          warm_tokens = in->valid_tokens(grid.first_row(k), warm_b);
+        }
+        engine_future = std::async(std::launch::async, [build, &tr, warm_b, warm_tokens, &warm_s] {
+          tr.name_thread("engine");  // build by value: it is local to this block
+          auto e = build();
+          const auto t = clock::now();
+          if (warm_b > 0) {
+            Span span(tr, "engine warm-up (first chunk's plan)");
+            e->warm_up(int(warm_b), warm_tokens);
+          }
+          warm_s = std::chrono::duration<double>(clock::now() - t).count();
+          return e;
+        });
+      }
+      else
+        engine = build();
+    } catch (const std::bad_alloc&) {
+      setup_error = kEngineOom;
+    } catch (const std::exception& e) {
+      setup_error = e.what();
+    }
+    agree(setup_error);
+  };
   // Waits for the engine when it is being built; then the model's host copy can go.
   const auto await_engine = [&] {
     if (engine_future.valid()) {
@@ -575,18 +519,18 @@ int run(const Options& o, int* argc, char*** argv) {
     model.reset();  // the engine holds its own copy of the weights
   };
 
-  // --explain validates the files whole, as a run would, before printing the plan.
-  if (o.explain && child) {
-    try {
-      child->finish(interrupted);
-    } catch (const hk::Error& e) {
-      setup_error = e.what();
-    }
-    agree(setup_error);
-  }
-
   const int64_t n_chunks = grid.chunks();
   if (o.explain) {
+    start_engine();
+    // --explain validates the files whole, as a run would, before printing the plan.
+    if (child) {
+      try {
+        child->finish(interrupted);
+      } catch (const hk::Error& e) {
+        setup_error = e.what();
+      }
+      agree(setup_error);
+    }
     if (job.rank() == 0) {
       std::printf("%s: %s x [%lld, %d, %d] with %s (D=%d H=%d F=%d L=%d causal=%d), %lld chunk(s) of <= %lld sequences "
                   "(%s)%s\n",
@@ -596,16 +540,19 @@ int run(const Options& o, int* argc, char*** argv) {
                   job.size() > 1 ? (", " + std::to_string(job.size()) + " ranks").c_str() : "");
       std::printf("backend %s, device %s, precision %s\n", engine->backend().c_str(), engine->device().c_str(),
                   hk::to_string(engine->precision()));
-      std::printf("%s", engine->explain(int(chunk)).c_str());
+      std::printf("%s", engine->explain(int(engine_batch)).c_str());
     }
     return 0;
   }
-  const int pin_device = backend_name == "cuda" ? device : -1;  // page-locked chunk buffers for the GPU
 
   // From here on a rank's failure ends the whole job (its peers may wait in a collective call).
   std::unique_ptr<Output> out;
+  std::mutex out_m;  // `out` is made on the main thread while the reader (whose failure is fatal) runs
   auto fatal = [&](const std::string& what) {
-    if (out) out->discard();
+    {
+      std::lock_guard<std::mutex> lock(out_m);
+      if (out) out->discard();
+    }
     job.abort(kProgram, g_interrupted ? "interrupted; no output written" : what, g_interrupted ? 130 : 1);
   };
   hk::app::PipelineStats st;
@@ -633,12 +580,6 @@ int run(const Options& o, int* argc, char*** argv) {
   const auto t_loop = clock::now();
   double commit_s = 0, check_s = 0;  // check_s: the compute stage's finiteness scan of y
   try {
-    const auto t_output = clock::now();
-    std::unique_ptr<Span> out_span = std::make_unique<Span>(tr, "create the output file");
-    out = std::make_unique<Output>(output, B, S, D, job);
-    out_span.reset();
-    output_s = std::chrono::duration<double>(clock::now() - t_output).count();
-
     const bool has_lengths = in->has_lengths();
     const int64_t local_tokens = std::max<int64_t>(1, [&] {
       int64_t t = 0;
@@ -646,6 +587,15 @@ int run(const Options& o, int* argc, char*** argv) {
       return t;
     }() * S);
     hk::app::PipelineStages stages;
+    stages.setup = [&] {
+      start_engine();
+      const auto t_output = clock::now();
+      Span span(tr, "create the output file");
+      std::lock_guard<std::mutex> lock(out_m);  // a failing reader's `fatal` waits for it, then removes it
+      out = std::make_unique<Output>(output, B, S, D, job);
+      output_s = std::chrono::duration<double>(clock::now() - t_output).count();
+      return backend_name == "cuda" ? device : -1;  // page-locked chunk buffers for the GPU
+    };
     stages.prepare = await_engine;
     stages.read = [&](int64_t b0, int64_t nb, float* x, int32_t* lengths) {
       if (child) {
@@ -657,9 +607,10 @@ int run(const Options& o, int* argc, char*** argv) {
       in->read(b0, nb, x, lengths);
     };
     stages.compute = [&](int64_t b0, int64_t nb, const float* x, const int32_t* lengths, float* y) {
-      {
+      for (int64_t p = 0; p < nb; p += engine_batch) {  // one piece unless the engine holds fewer
         Span span(tr, "engine forward (copies in and out)");
-        engine->forward(x, has_lengths ? lengths : nullptr, int(nb), y);
+        const int64_t np = std::min(engine_batch, nb - p), at = p * S * D;
+        engine->forward(x + at, has_lengths ? lengths + p : nullptr, int(np), y + at);
       }
       // MODEL.md: a finite input never yields NaN/Inf. Refuse to write one rather than pass it on.
       const auto t_check = clock::now();
@@ -688,7 +639,7 @@ int run(const Options& o, int* argc, char*** argv) {
     if (job.mpi()) stages.fatal = fatal;
     {
       Span span(tr, "pipeline");
-      st = hk::app::run_pipeline(grid, S, D, pin_device, stages, &chunk_buffers);
+      st = hk::app::run_pipeline(grid, S, D, planned == "cuda" ? std::max(0, o.device) : -1, stages, &chunk_buffers);
     }
     await_engine();  // a rank without chunks never ran the compute stage
     std::unique_ptr<Span> attr_span = std::make_unique<Span>(tr, "output attributes");
@@ -744,12 +695,12 @@ int run(const Options& o, int* argc, char*** argv) {
   }
   const double release_s = std::chrono::duration<double>(clock::now() - t_release).count();
   if (o.stats) {
-    std::printf("%s: stats: rank=%d ranks=%d chunk=%lld chunks=%lld local_chunks=%lld mem_cap=%lld "
+    std::printf("%s: stats: rank=%d ranks=%d chunk=%lld chunks=%lld engine_batch=%lld local_chunks=%lld mem_cap=%lld "
                 "peak_rss_kib=%lld read_s=%.3f compute_s=%.3f write_s=%.3f wall_s=%.3f setup_s=%.3f header_s=%.3f "
                 "device_query_s=%.3f output_s=%.3f engine_s=%.3f warm_s=%.3f "
                 "engine_wait_s=%.3f pin_s=%.3f pinned=%d/%d check_s=%.3f commit_s=%.3f release_s=%.3f "
                 "t0_unix=%.3f stats_unix=%.3f%s%s%s\n",
-                kProgram, job.rank(), job.size(), (long long)chunk, (long long)n_chunks,
+                kProgram, job.rank(), job.size(), (long long)chunk, (long long)n_chunks, (long long)engine_batch,
                 (long long)grid.local_chunks(), (long long)mem_cap, (long long)peak_rss_kib(), st.read_s, st.compute_s,
                 st.write_s, total_s, std::chrono::duration<double>(t_loop - t0).count(), header_s, device_query_s,
                 output_s, engine_s, warm_s, st.prepare_s,
@@ -792,7 +743,12 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--batch-chunk,--chunk", o.batch_chunk,
                  "sequences per chunk (default: sized from memory: kokkos within a host cap of 1 GiB or --mem-cap; "
-                 "cuda within the free device memory); the same chunk gives the same bits whatever the rank count")
+                 "cuda about 64 MiB of x, computed in pieces the free device memory holds); the same chunk gives "
+                 "the same bits whatever the rank count")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--engine-batch", o.engine_batch,
+                 "at most this many sequences per forward of the engine: a chunk is computed in pieces (default: "
+                 "the chunk, or what the free device memory holds); the pieces fix the bits, as --batch-chunk does")
       ->check(CLI::PositiveNumber);
   app.add_option("--mem-cap", o.mem_cap,
                  "host memory (bytes; K, M, G suffixes) for what grows with the chunk: chunk buffers, the kokkos "

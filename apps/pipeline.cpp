@@ -47,6 +47,20 @@ class Pipeline {
   PipelineStats run() {
     const int64_t n = g_.local_chunks();
     std::thread reader([&] { guarded([&] { read_all(n); }); });
+    if (st_.setup) {
+      try {
+        Trace::Span span(trace(), "set-up (beside the reader)");
+        pin_device_ = st_.setup();
+      } catch (...) {
+        {
+          std::lock_guard<std::mutex> lock(m_);
+          stop_ = true;  // the reader stops after its current chunk; the set-up's error is the run's
+          cv_.notify_all();
+        }
+        reader.join();
+        throw;
+      }
+    }
     std::thread writer([&] { guarded([&] { write_all(n); }); });
     guarded([&] { compute_all(n); });
     reader.join();

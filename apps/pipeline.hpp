@@ -42,6 +42,12 @@ struct PipelineStats {
 };
 
 struct PipelineStages {
+  // Called once on the calling thread as soon as the reader has started, before the writer and
+  // the compute stage start: e.g. resolves the backend, creates the output file and starts the
+  // engine's build. Returns the device to page-lock the chunk buffers for (-1: none), replacing
+  // run_pipeline's `pin_device`. Its exception comes out of run_pipeline as it is (no `fatal`),
+  // after the reader has stopped. Optional.
+  std::function<int()> setup;
   // Called once on the compute thread before its first chunk, while the reader already fills
   // the first buffers: e.g. waits for an engine still being built. Optional.
   std::function<void()> prepare;
@@ -65,7 +71,7 @@ struct PipelineStages {
 // Buffers: input_buffers(pin_device >= 0) x + 2 y chunk buffers of chunk * S * D floats and a lengths
 // buffer per x buffer. `pin_device` -1:
 // ordinary memory, touched at allocation; >= 0 (CUDA): allocated untouched and page-locked
-// (registered for that device) on a thread of their own, in the order of first use: the first
+// (registered for the device `setup` names, or this one without `setup`) on a thread of their own, in the order of first use: the first
 // input and both output buffers while `prepare` runs, each further input buffer after it once
 // the reader has filled it; a chunk is computed once its buffers are. Throws the first failure
 // of any stage (after stopping the others). With `keep` set the buffers are handed over there

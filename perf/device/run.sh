@@ -138,11 +138,13 @@ if want accuracy; then
     python3 "$share/hk_reference.py" --input "$work/acc$c.h5" --output "$work/ref$c.h5" --device cuda >> "$OUT/accuracy.log" 2>&1
     # fast: what hk_forward picks for this (short) file -- its own kernels only where they cover
     # the model (HK_LIBRARIES=auto); fast-libs: the same with cuBLASLt routes allowed (what a long
-    # job or the Engine API without a job size runs).
-    for v in fast fast-libs fp32; do
-      prec=${v%-libs}
+    # job or the Engine API without a job size runs); fast-pieces: each chunk computed in pieces
+    # of 7 sequences (--engine-batch: what a GPU with little free memory gets), a tail included.
+    for v in fast fast-libs fast-pieces fp32; do
+      prec=${v%-*}
       libs=auto; [ $v = fast-libs ] && libs=all
-      HK_LIBRARIES=$libs hk_forward --backend cuda --precision $prec --input "$work/acc$c.h5" --output "$work/out$c-$v.h5" --quiet >> "$OUT/accuracy.log" 2>&1
+      pieces=(); [ $v = fast-pieces ] && pieces=(--engine-batch 7)
+      HK_LIBRARIES=$libs hk_forward --backend cuda --precision $prec "${pieces[@]}" --input "$work/acc$c.h5" --output "$work/out$c-$v.h5" --quiet >> "$OUT/accuracy.log" 2>&1
       extra=""; [ $prec = fp32 ] && extra="--atol 1e-4 --rtol 0"
       echo "--- case $c (B=$nb) $v" >> "$OUT/accuracy.log"
       python3 "$share/hk_reference.py" --compare "$work/out$c-$v.h5" --reference "$work/ref$c.h5" $extra >> "$OUT/accuracy.log" 2>&1

@@ -1,8 +1,8 @@
 // The streaming pipeline's buffer ring (apps/pipeline.*) with stand-in stages: every chunk of
 // this rank's share of the grid is read, computed and written once, in order, from the buffer it
 // was read into; the reader never runs more than input_buffers() chunks ahead of the compute;
-// `prepare` runs once, before the first compute, while the reader already reads; a failing stage
-// stops the others and its error comes out. With pin_device 0 on a machine without a GPU the
+// `prepare` runs once, before the first compute, while the reader already reads, and `setup`
+// before it on the calling thread; a failing stage stops the others and its error comes out. With pin_device 0 on a machine without a GPU the
 // buffers stay ordinary memory (registration is refused) and everything else is the same.
 #include <gtest/gtest.h>
 
@@ -144,6 +144,97 @@ TEST(Pipeline, AFailingStageStopsTheRunWithItsError) {
     }
     EXPECT_LT(calls.load(), 20) << failing << ": the reader went on after the failure";
   }
+}
+
+// `setup` runs on the calling thread while the reader already fills the input buffers, before
+// the writer, `prepare` and the compute stage; its answer (the device to page-lock for, here -1
+// after buffers allocated for a GPU: a planned backend that turned out otherwise) is what counts.
+TEST(Pipeline, SetupRunsBesideTheReaderBeforeEverythingElse) {
+  const hk::app::ChunkGrid g{10, 2, 0, 1};
+  std::mutex m;
+  int64_t reads = 0, writes = 0;
+  bool setup_done = false, prepared_after_setup = false, writes_before_setup = false, read_during_setup = false;
+  const std::thread::id caller = std::this_thread::get_id();
+  hk::app::PipelineStages st;
+  st.setup = [&] {
+    EXPECT_EQ(std::this_thread::get_id(), caller);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(m);
+        if (reads >= hk::app::input_buffers(true) || std::chrono::steady_clock::now() > until) {
+          read_during_setup = reads >= hk::app::input_buffers(true);
+          writes_before_setup = writes > 0;
+          setup_done = true;
+          return -1;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
+  st.prepare = [&] {
+    std::lock_guard<std::mutex> lock(m);
+    prepared_after_setup = setup_done;
+  };
+  st.read = [&](int64_t, int64_t nb, float* x, int32_t* lengths) {
+    for (int64_t i = 0; i < nb * 2 * 2; ++i) x[i] = 1.0f;
+    for (int64_t b = 0; b < nb; ++b) lengths[b] = 1;
+    std::lock_guard<std::mutex> lock(m);
+    ++reads;
+  };
+  st.compute = [&](int64_t, int64_t nb, const float* x, const int32_t*, float* y) {
+    for (int64_t i = 0; i < nb * 2 * 2; ++i) y[i] = x[i];
+  };
+  st.write = [&](int64_t, int64_t nb, const float*, const int32_t*) {
+    std::lock_guard<std::mutex> lock(m);
+    writes += nb > 0;
+  };
+  const hk::app::PipelineStats stats = hk::app::run_pipeline(g, 2, 2, 0, st);
+  EXPECT_TRUE(read_during_setup) << "the reader did not fill its buffers while the set-up ran";
+  EXPECT_FALSE(writes_before_setup);
+  EXPECT_TRUE(prepared_after_setup);
+  EXPECT_EQ(reads, 5);
+  EXPECT_EQ(writes, 5);
+  EXPECT_EQ(stats.pin_tried, 0) << "page-locking was tried although the set-up said no device";
+  EXPECT_EQ(stats.sequences_done, 10);
+}
+
+// A failing set-up's exception comes out as it is (any type: the caller's agreed failures are
+// not std::exception), without `fatal`, once the reader has stopped; nothing is written.
+TEST(Pipeline, AFailingSetupStopsTheReaderAndItsExceptionComesOut) {
+  struct Agreed {
+    int code;
+  };
+  const hk::app::ChunkGrid g{400, 2, 0, 1};
+  std::atomic<int> reads{0}, writes{0}, fatals{0};
+  std::atomic<bool> reader_inside{false};
+  hk::app::PipelineStages st;
+  st.setup = [&]() -> int {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (reads.load() < 1 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    throw Agreed{7};
+  };
+  st.read = [&](int64_t, int64_t, float*, int32_t*) {
+    reader_inside = true;
+    ++reads;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    reader_inside = false;
+  };
+  st.compute = [&](int64_t, int64_t, const float*, const int32_t*, float*) {};
+  st.write = [&](int64_t, int64_t, const float*, const int32_t*) { ++writes; };
+  st.fatal = [&](const std::string&) { ++fatals; };
+  try {
+    hk::app::run_pipeline(g, 2, 2, -1, st);
+    ADD_FAILURE() << "no exception";
+  } catch (const Agreed& a) {
+    EXPECT_EQ(a.code, 7);
+  }
+  EXPECT_GE(reads.load(), 1);
+  EXPECT_LE(reads.load(), hk::app::input_buffers(false) + 1) << "the reader went on after the set-up failed";
+  EXPECT_FALSE(reader_inside.load()) << "run_pipeline returned while the reader was still reading";
+  EXPECT_EQ(writes.load(), 0);
+  EXPECT_EQ(fatals.load(), 0);
 }
 
 }  // namespace

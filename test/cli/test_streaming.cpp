@@ -4,6 +4,8 @@
 // usage: hk_cli_streaming_test <hk_forward> [gtest flags]
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "h5_test_util.hpp"
@@ -111,6 +113,51 @@ TEST(Streaming, ChunkAliasAndProgressLine) {
   for (const char* part : {"tokens/s", "read ", "compute ", "write ", "ETA "})
     EXPECT_NE(lines[0].find(part), std::string::npos) << part << " missing in: " << lines[0];
   EXPECT_EQ(io::read_output(dir.path("y.h5")).attributes.at("batch_chunk"), "5");
+}
+
+// --engine-batch computes each chunk in pieces: reference precision gives the same bits as whole
+// chunks (its rows do not depend on their neighbours); fp32 (blocked GEMMs over the rows: bits
+// may differ) stays within 1e-4 of them; every position is computed (a missing piece would be
+// zeros in the file); --stats reports the pieces.
+TEST(Streaming, EngineBatchComputesChunksInPiecesWithTheSameBits) {
+  ScratchDir dir;
+  write_case(dir.path("in.h5"), 23, 16);
+  auto run = [&](const char* precision, const std::string& out, std::vector<std::string> extra) {
+    std::vector<std::string> a = {"--input", "in.h5", "--backend", "kokkos", "--precision", precision, "--batch-chunk",
+                                  "10", "--stats", "--quiet", "--output", out};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return forward(dir, a);
+  };
+  const ProcResult whole = run("reference", "whole.h5", {});
+  ASSERT_EQ(whole.status, 0) << whole.err;
+  EXPECT_EQ(stat_of(whole.out, "engine_batch"), 10) << whole.out;
+  const ProcResult pieces = run("reference", "pieces.h5", {"--engine-batch", "3"});
+  ASSERT_EQ(pieces.status, 0) << pieces.err;
+  EXPECT_EQ(stat_of(pieces.out, "engine_batch"), 3) << pieces.out;
+  EXPECT_EQ(stat_of(pieces.out, "chunk"), 10) << pieces.out;
+  const io::OutputData a = io::read_output(dir.path("whole.h5")), b = io::read_output(dir.path("pieces.h5"));
+  ASSERT_EQ(b.B, 23);
+  EXPECT_TRUE(same_bits(a.y, b.y)) << "pieces of 3 differ from whole chunks of 10";
+
+  const ProcResult fp32 = run("fp32", "fp32.h5", {"--engine-batch", "3"});
+  ASSERT_EQ(fp32.status, 0) << fp32.err;
+  const io::OutputData f = io::read_output(dir.path("fp32.h5"));
+  ASSERT_EQ(f.y.size(), a.y.size());
+  double worst = 0;
+  int64_t nonzero = 0;
+  for (size_t i = 0; i < a.y.size(); ++i) {
+    worst = std::max(worst, double(std::fabs(f.y[i] - a.y[i])));
+    nonzero += a.y[i] != 0.0f;
+  }
+  EXPECT_LE(worst, 1e-4) << "fp32 in pieces of 3 against reference in chunks of 10";
+  EXPECT_GT(nonzero, int64_t(a.y.size() / 4)) << "the reference output is mostly zeros: the check could not fail";
+
+  const ProcResult bigger = run("reference", "bigger.h5", {"--engine-batch", "50"});
+  ASSERT_EQ(bigger.status, 0) << bigger.err;
+  EXPECT_EQ(stat_of(bigger.out, "engine_batch"), 10) << "an engine batch above the chunk is the chunk";
+  const ProcResult zero = forward(dir, {"--input", "in.h5", "--output", "z.h5", "--backend", "kokkos", "--engine-batch", "0"});
+  EXPECT_EQ(zero.status, 2) << zero.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.path("z.h5")));
 }
 
 }  // namespace
