@@ -273,26 +273,21 @@ int run(const Options& o, int* argc, char*** argv) {
   const auto interrupted = [] { return g_interrupted != 0; };
   // CUDA's start-up (driver, and the context of the device this rank will use: a few tenths of a
   // second) runs on its own thread beside the validation child's first checks, MPI's start-up,
-  // the model read and the chunk sizing (which asks NVML for the free memory: no context needed);
-  // the engine then finds the context made. Started after the fork: the child must not inherit
+  // the model read and the first reads of x (the chunk grid does not wait for the device); the
+  // engine then finds the context made, and the engine batch is sized from the context's figure
+  // of free memory (cudaMemGetInfo). Started after the fork: the child must not inherit
   // threads. Not when the device is not known yet (a launcher that does not say the local rank).
-  // Two answers come from that thread: NVML's free memory first (for the chunk sizing), then
-  // the context's (cudaMemGetInfo, once it exists).
   int node_gpu_count = 0;  // > 0: this rank was given one of that many GPUs of its node
-  std::promise<hk::app::DeviceMemory> nvml_promise;
-  std::future<hk::app::DeviceMemory> early_nvml;
   std::future<hk::app::DeviceMemory> early_device;
   const auto start_early_device = [&] {
     if (!HK_HAVE_CUDA || o.backend == "kokkos") return;
     const bool by_rank = !o.device_given && launch.launched;
     if (by_rank && launch.local_rank < 0) return;
-    early_nvml = nvml_promise.get_future();
-    early_device = std::async(std::launch::async, [&o, launch, by_rank, &nvml_promise, &tr] {
+    early_device = std::async(std::launch::async, [&o, launch, by_rank, &tr] {
       tr.name_thread("start-up");
       // The backend's probe first (its answer is kept: the main thread's later question does not
-      // wait behind the context creation), then NVML's figure, then the context and libraries.
-      // The promise is always kept (the main thread waits on it); failures are the main thread's
-      // to report when it asks again.
+      // wait behind the context creation), then the context. Failures are the main thread's to
+      // report when it asks again.
       const hk::Backend* b = nullptr;
       int d = -1;
       try {
@@ -302,10 +297,7 @@ int run(const Options& o, int* argc, char*** argv) {
         }
         const int gpus = b->name() == "cuda" ? hk::app::cuda_device_count() : 0;
         d = gpus < 1 ? -1 : by_rank ? launch.local_rank % gpus : o.device;
-        Span span(tr, "free device memory (NVML)");
-        nvml_promise.set_value(d < 0 ? hk::app::DeviceMemory{} : hk::app::device_memory_nvml(d));
       } catch (...) {
-        nvml_promise.set_value(hk::app::DeviceMemory{});
         return hk::app::DeviceMemory{};
       }
       if (d < 0) return hk::app::DeviceMemory{};
@@ -440,10 +432,9 @@ int run(const Options& o, int* argc, char*** argv) {
         if (node_gpus > 0) ranks_per_device = (job.local_size() + node_gpus - 1) / node_gpus;
         const auto t_query = clock::now();
         Span span(tr, "free device memory (wait)");
-        if (early_nvml.valid()) dev = early_nvml.get();
-        if (dev.device != device) dev = hk::app::device_memory_nvml(device);  // not the device it guessed
-        if (!dev.known && early_device.valid()) dev = early_device.get();     // no NVML: the context's figure
-        if (!dev.known || dev.device != device) dev = hk::app::device_memory(device);
+        if (early_device.valid()) dev = early_device.get();  // the context's figure, once it is made
+        if (!dev.known || dev.device != device) dev = hk::app::device_memory_nvml(device);  // not the device it guessed
+        if (!dev.known) dev = hk::app::device_memory(device);
         device_query_s = std::chrono::duration<double>(clock::now() - t_query).count();
       }
       // --batch-chunk fixes the pieces too (the same chunk gives the same bits); --engine-batch sets them.

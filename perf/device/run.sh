@@ -272,6 +272,7 @@ if want e2e; then
   {
     echo "e2e: case 6, hk_forward --backend $e2e_backend vs hk_io_baseline; target ratio <= 1.3"
     echo "work dir: $(df -hT "$work" | awk 'NR==2 {print $1, $2, $5 " free"}')"
+    echo "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null), defrag $(cat /sys/kernel/mm/transparent_hugepage/defrag 2>/dev/null)"
   } > "$e2e_txt"
   rm -f "$e2e_in" "$e2e_out"
   e2e_time hk_generate --cases "$share/cases.csv" --case 6 ${HK_E2E_CASE_ARGS:-} --output "$e2e_in"

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdint>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
@@ -235,6 +236,20 @@ TEST(Pipeline, AFailingSetupStopsTheReaderAndItsExceptionComesOut) {
   EXPECT_FALSE(reader_inside.load()) << "run_pipeline returned while the reader was still reading";
   EXPECT_EQ(writes.load(), 0);
   EXPECT_EQ(fatals.load(), 0);
+}
+
+// Chunk buffers of 2 MiB and more start on a 2 MiB boundary (transparent huge pages, marked
+// MADV_HUGEPAGE), smaller ones on a page; HK_HOST_HUGEPAGES takes 1 or 0 (read once per process,
+// so only its default is seen here) and the memory is usable either way.
+TEST(HostBlock, LargeBlocksAreAlignedForHugePages) {
+  hk::app::HostBlock big(size_t(5) << 20, hk::app::HostBlock::Touch::now);
+  hk::app::HostBlock small(size_t(12345), hk::app::HostBlock::Touch::later);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big.as<char>()) % (size_t(2) << 20), 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small.as<char>()) % 4096, 0u);
+  big.as<char>()[(size_t(5) << 20) - 1] = 7;
+  small.as<char>()[12344] = 7;
+  EXPECT_EQ(big.as<char>()[0], 0) << "Touch::now zeroes the block";
+  EXPECT_EQ(big.as<char>()[(size_t(5) << 20) - 1], 7);
 }
 
 }  // namespace

@@ -76,6 +76,10 @@ const std::vector<Knob>& knobs() {
        "(two-phase: aggregator ranks gather neighbouring rows and write them); individual: the same "
        "collective HDF5 calls, each rank writing its own rows underneath. The bits of the file are the same "
        "in every mode."},
+      {"HK_HOST_HUGEPAGES", "1|0", "1", "io",
+       "hk_forward's chunk buffers (64 MiB each on a GPU run) on transparent huge pages: aligned to 2 MiB and "
+       "marked MADV_HUGEPAGE, so that their first fill and their page-locking take 2 MiB faults instead of "
+       "4 KiB ones (where the kernel's transparent_hugepage setting is madvise or always). 0: ordinary pages."},
       {"HK_CUDA_POISON", "0|1", "0", "tests",
        "1: fill the CUDA engine's arena with NaN at construction so a read of an unwritten element reaches "
        "the output."},
