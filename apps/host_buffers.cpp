@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <new>
 
 #include "hk/build_config.hpp"
@@ -23,6 +25,16 @@ bool huge_pages_wanted() {
   static const bool on = hk::tune::knob_choice("HK_HOST_HUGEPAGES", {"1", "0"}) != "0";
   return on;
 }
+// The kernel gives advised regions huge pages ("[always]" or "[madvise]" selected).
+bool huge_pages_allowed() {
+  static const bool allowed = [] {
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string mode;
+    std::getline(f, mode);
+    return mode.find("[always]") != std::string::npos || mode.find("[madvise]") != std::string::npos;
+  }();
+  return allowed;
+}
 }  // namespace
 
 HostBlock::HostBlock(size_t bytes, Touch touch) : bytes_(bytes) {
@@ -35,8 +47,12 @@ HostBlock::HostBlock(size_t bytes, Touch touch) : bytes_(bytes) {
   const size_t size = (bytes + align - 1) / align * align;
   p_ = std::aligned_alloc(align, size);
   if (!p_) throw std::bad_alloc();
-  if (huge) ::madvise(p_, size, MADV_HUGEPAGE);  // advice only: refused (THP off), it changes nothing
+  if (huge) huge_ = ::madvise(p_, size, MADV_HUGEPAGE) == 0 && huge_pages_allowed();  // advice only
   if (touch == Touch::now) std::memset(p_, 0, bytes);
+}
+
+void HostBlock::touch() {
+  if (p_) std::memset(p_, 0, bytes_);
 }
 
 bool HostBlock::pin(int device) {
@@ -61,6 +77,7 @@ HostBlock& HostBlock::operator=(HostBlock&& o) noexcept {
     p_ = o.p_;
     bytes_ = o.bytes_;
     registered_ = o.registered_;
+    huge_ = o.huge_;
     o.p_ = nullptr;
   }
   return *this;

@@ -23,7 +23,7 @@ class HostBlock {
   // holds from the start) or left to the first writer and to pin() (Touch::later).
   explicit HostBlock(size_t bytes, Touch touch = Touch::now);
   ~HostBlock();
-  HostBlock(HostBlock&& o) noexcept : p_(o.p_), bytes_(o.bytes_), registered_(o.registered_) {
+  HostBlock(HostBlock&& o) noexcept : p_(o.p_), bytes_(o.bytes_), registered_(o.registered_), huge_(o.huge_) {
     o.p_ = nullptr;
   }
   HostBlock& operator=(HostBlock&& o) noexcept;
@@ -36,6 +36,12 @@ class HostBlock {
   // ordinary memory, copies stay correct but slower) when CUDA refuses or is not built in.
   bool pin(int device);
 
+  // True when the block lies on transparent huge pages (advised, and the kernel's setting allows
+  // them): touching it all costs a few dozen page faults, not thousands.
+  bool huge_pages() const { return huge_; }
+  // Makes every page of the block present now (zeroes it).
+  void touch();
+
   template <class T>
   T* as() const { return static_cast<T*>(p_); }
   size_t bytes() const { return bytes_; }
@@ -46,6 +52,7 @@ class HostBlock {
   void* p_ = nullptr;
   size_t bytes_ = 0;
   bool registered_ = false;  // under cudaHostRegister
+  bool huge_ = false;        // on transparent huge pages
 };
 
 struct DeviceMemory {

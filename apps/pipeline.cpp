@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "hk/error.hpp"
+#include "hk/tune/knobs.hpp"
 #include "host_buffers.hpp"
 #include "trace.hpp"
 
@@ -47,6 +48,16 @@ class Pipeline {
   PipelineStats run() {
     const int64_t n = g_.local_chunks();
     std::thread reader([&] { guarded([&] { read_all(n); }); });
+    // Buffers for a GPU are allocated untouched (pages registered untouched hold up the engine's
+    // CUDA calls). The output buffers' pages are made here, while the set-up mostly waits for the
+    // CUDA driver, when they lie on huge pages (a few dozen faults: they do not contend with the
+    // driver's own mappings, as 4 KiB faults measured to): page-locking them beside the engine's
+    // build is then quick. The input buffers get theirs from the reader's first fills.
+    if (pin_device_ >= 0 && n > 0) {
+      Trace::Span span(trace(), "output buffers' pages");
+      for (Slot& y : y_)
+        if (y.data.huge_pages()) y.data.touch();
+    }
     if (st_.setup) {
       try {
         Trace::Span span(trace(), "set-up (beside the reader)");
@@ -292,6 +303,16 @@ class Pipeline {
 };
 
 }  // namespace
+
+int input_buffers(bool gpu) {
+  static const int knob = [] {
+    const std::string v = tune::knob_value("HK_INPUT_BUFFERS");
+    if (v.empty() || v == "auto") return 0;
+    if (v.size() == 1 && v[0] >= '2' && v[0] <= '8') return v[0] - '0';
+    throw Error("HK_INPUT_BUFFERS=" + v + ": expected auto or a count of input chunk buffers from 2 to 8");
+  }();
+  return knob > 0 ? knob : gpu ? 4 : 2;
+}
 
 PipelineStats run_pipeline(const ChunkGrid& grid, int S, int D, int pin_device, const PipelineStages& stages,
                            std::shared_ptr<void>* keep) {

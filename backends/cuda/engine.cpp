@@ -353,7 +353,8 @@ struct CudaEngine::Impl {
   int sm_count = 0;
   // The constructor's parts (ms, for stats()): waiting for / making the context, streams and the
   // cuBLASLt handle, the weights' upload, the activation arena; and the whole.
-  double ctor_context_ms = 0, ctor_handles_ms = 0, ctor_weights_ms = 0, ctor_arena_ms = 0, ctor_ms = 0;
+  double ctor_context_ms = 0, ctor_props_ms = 0, ctor_handles_ms = 0, ctor_weights_ms = 0, ctor_arena_ms = 0,
+         ctor_cache_ms = 0, ctor_ms = 0;
   DType act = DType::f16;
   float eps = 1e-5f;
   // Resolved pins ("" = free).
@@ -475,8 +476,10 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
   HK_CUDA_CHECK(cudaSetDevice(device));
   HK_CUDA_CHECK(cudaFree(nullptr));  // the context (made here, or by Backend::prepare on another thread)
   ctor_context_ms = ms_since(t_ctor);
+  const auto t_props = ctor_clock::now();
   cudaDeviceProp prop{};
   HK_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  ctor_props_ms = ms_since(t_props);
   if (prop.major < 8)
     throw Error("cuda backend: device " + std::to_string(device) + " (" + prop.name + ") is sm_" +
                 std::to_string(prop.major) + std::to_string(prop.minor) + "; sm_80 or newer is needed");
@@ -542,11 +545,13 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
                                           max_batch, S, routes.poison);
     ctor_arena_ms = ms_since(t);
     buf = arena->buffers();
+    t = ctor_clock::now();
     steps = forward_steps(cfg.n_layers);
     identity = device_identity(device, !own_only);  // own kernels only: no library versions (nor loads)
     cache = std::make_unique<tune::TuneCache>(routes.tune ? routes.tune_cache_dir : std::string());
     chooser = std::make_unique<tune::Chooser>(cache.get(), routes.tune_verbose);
     timer = std::make_unique<CandidateTimer>(capture_stream);
+    ctor_cache_ms = ms_since(t);
     ctor_ms = ms_since(t_ctor);
   } catch (...) {
     release();
@@ -2136,11 +2141,12 @@ std::string CudaEngine::stats() const {
   }
   char b[640];
   std::snprintf(b, sizeof b,
-                "engine_ctor_ms=%.1f ctor_context_ms=%.1f ctor_handles_ms=%.1f ctor_weights_ms=%.1f ctor_arena_ms=%.1f "
-                "plans=%zu plan_build_ms=%.1f plan_build_first_ms=%.1f plan_gemm_ms=%.1f plan_warmup_ms=%.1f "
+                "engine_ctor_ms=%.1f ctor_context_ms=%.1f ctor_props_ms=%.1f ctor_handles_ms=%.1f ctor_weights_ms=%.1f "
+                "ctor_arena_ms=%.1f ctor_cache_ms=%.1f plans=%zu plan_build_ms=%.1f plan_build_first_ms=%.1f plan_gemm_ms=%.1f plan_warmup_ms=%.1f "
                 "plan_measure_ms=%.1f graph_capture_ms=%.1f graphs=%d decisions_measured=%d decisions_cached=%d "
                 "libraries=%s cublaslt_loaded=%d",
-                m.ctor_ms, m.ctor_context_ms, m.ctor_handles_ms, m.ctor_weights_ms, m.ctor_arena_ms, m.plans.size(),
+                m.ctor_ms, m.ctor_context_ms, m.ctor_props_ms, m.ctor_handles_ms, m.ctor_weights_ms, m.ctor_arena_ms,
+                m.ctor_cache_ms, m.plans.size(),
                 sum.build_ms, first_build_ms, sum.gemm_ms, sum.warmup_ms, sum.measure_ms, sum.capture_ms,
                 sum.captures, sum.measured, sum.cached, m.own_only ? "own" : "all", lt::loaded() ? 1 : 0);
   return b;

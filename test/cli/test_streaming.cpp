@@ -160,6 +160,31 @@ TEST(Streaming, EngineBatchComputesChunksInPiecesWithTheSameBits) {
   EXPECT_FALSE(std::filesystem::exists(dir.path("z.h5")));
 }
 
+// HK_INPUT_BUFFERS sets how far the reader may run ahead (same output); a bad value is one clear
+// error before anything is written. Run through env(1): the variable reaches only hk_forward.
+TEST(Streaming, InputBufferKnob) {
+  ScratchDir dir;
+  write_case(dir.path("in.h5"), 12, 16);
+  const std::vector<std::string> common = {g_forward, "--input", "in.h5", "--backend", "kokkos", "--precision",
+                                           "reference", "--batch-chunk", "2", "--quiet"};
+  auto with = [&](const std::string& value, const std::string& out) {
+    std::vector<std::string> a = {"/usr/bin/env", "HK_INPUT_BUFFERS=" + value};
+    a.insert(a.end(), common.begin(), common.end());
+    a.insert(a.end(), {"--output", out});
+    return run_process(a, dir.path(""), dir.path("capture"));
+  };
+  const ProcResult two = with("auto", "two.h5"), five = with("5", "five.h5");
+  ASSERT_EQ(two.status, 0) << two.err;
+  ASSERT_EQ(five.status, 0) << five.err;
+  EXPECT_TRUE(same_bits(io::read_output(dir.path("two.h5")).y, io::read_output(dir.path("five.h5")).y));
+  for (const char* bad : {"1", "9", "many"}) {
+    const ProcResult r = with(bad, "bad.h5");
+    EXPECT_EQ(r.status, 1) << bad << ": " << r.err;
+    EXPECT_EQ(r.err_lines_starting("hk_forward: error: HK_INPUT_BUFFERS=").size(), 1u) << bad << ": " << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir.path("bad.h5")));
+  }
+}
+
 }  // namespace
 }  // namespace hk::test
 
