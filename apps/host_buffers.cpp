@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <new>
@@ -231,6 +232,14 @@ std::vector<std::string> node_gpus() {
 #else
   return {};
 #endif
+}
+
+int nvidia_gpu_count() {
+  std::error_code ec;
+  int n = 0;
+  for (std::filesystem::directory_iterator it("/proc/driver/nvidia/gpus", ec), end; !ec && it != end; it.increment(ec))
+    ++n;
+  return n;
 }
 
 bool restrict_to_gpu(const std::string& gpu) {

@@ -75,6 +75,9 @@ int cuda_device_count();
 // (entries "0".."n-1"). Empty when unknown: no NVML, a GPU in MIG mode (its CUDA devices are
 // not NVML's GPUs), an entry CUDA would stop at, or a build without CUDA.
 std::vector<std::string> node_gpus();
+// NVIDIA GPUs the driver lists (/proc/driver/nvidia/gpus), without starting CUDA or NVML; 0
+// without the driver.
+int nvidia_gpu_count();
 // Makes `gpu` (an entry of node_gpus()) the only device this process sees, through
 // CUDA_VISIBLE_DEVICES: CUDA must not have started yet. It then sets up that one GPU instead of
 // every GPU of the node (and the device's ordinal in this process becomes 0).

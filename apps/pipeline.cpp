@@ -311,7 +311,7 @@ int input_buffers(bool gpu) {
     if (v.size() == 1 && v[0] >= '2' && v[0] <= '8') return v[0] - '0';
     throw Error("HK_INPUT_BUFFERS=" + v + ": expected auto or a count of input chunk buffers from 2 to 8");
   }();
-  return knob > 0 ? knob : gpu ? 4 : 2;
+  return knob > 0 ? knob : gpu ? 3 : 2;
 }
 
 PipelineStats run_pipeline(const ChunkGrid& grid, int S, int D, int pin_device, const PipelineStages& stages,

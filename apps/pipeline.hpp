@@ -80,12 +80,12 @@ struct PipelineStages {
 PipelineStats run_pipeline(const ChunkGrid& grid, int S, int D, int pin_device, const PipelineStages& stages,
                            std::shared_ptr<void>* keep = nullptr);
 
-// Input chunk buffers: 2, or 4 with a GPU (HK_INPUT_BUFFERS sets it, 2..8): while the CUDA driver
+// Input chunk buffers: 2, or 3 with a GPU (HK_INPUT_BUFFERS sets it, 2..8): while the CUDA driver
 // starts and the context and the engine are made and warmed up (~0.28 s for a short job's engine
-// on an H200) the reader reads about three chunks ahead of the compute, and keeps one more buffer
+// on an H200) the reader reads about two chunks ahead of the compute, and keeps one more buffer
 // of slack after that. Not more: the first fill of a buffer pays for its pages, on the reader's
-// path, which sets the pace once the compute has started (measured with 4 KiB pages: six buffers
-// made a short job 0.1 s longer; the buffers now take 2 MiB pages: HK_HOST_HUGEPAGES).
+// path, which sets the pace once the compute has started (measured: six buffers on 4 KiB pages
+// made a short job 0.1 s longer; four on 2 MiB pages 0.1 s longer than three, perf/RESULTS.md).
 int input_buffers(bool gpu);
 // Bytes the pipeline holds per sequence of a chunk (its buffers).
 inline double pipeline_bytes_per_sequence(int S, int D, bool gpu) {

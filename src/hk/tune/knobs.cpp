@@ -82,8 +82,8 @@ const std::vector<Knob>& knobs() {
        "4 KiB ones (where the kernel's transparent_hugepage setting is madvise or always). 0: ordinary pages."},
       {"HK_INPUT_BUFFERS", "auto|2..8", "auto", "io",
        "Input chunk buffers of hk_forward's pipeline: how many chunks the reader may read ahead of the "
-       "compute. auto: 4 with a GPU (the reader keeps reading while the driver, the context and the engine "
-       "start), 2 otherwise. More helps a file system with uneven reads, at 64 MiB of host memory each on a "
+       "compute. auto: 3 with a GPU (the reader reads ahead while the driver, the context and the engine "
+       "start; four measured slower), 2 otherwise. More helps a file system with uneven reads, at 64 MiB of host memory each on a "
        "GPU run (counted in the chunk sizing under --mem-cap)."},
       {"HK_CUDA_POISON", "0|1", "0", "tests",
        "1: fill the CUDA engine's arena with NaN at construction so a read of an unwritten element reaches "
