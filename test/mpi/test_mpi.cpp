@@ -142,7 +142,7 @@ TEST_F(MpiOnly, EveryWriteModeGivesTheSameBits) {
   };
   const ProcResult one = forward(0, dir, with_output("one.h5"));
   ASSERT_EQ(one.status, 0) << one.err;
-  for (const char* mode : {"collective", "individual", "independent", "posix"}) {
+  for (const char* mode : {"collective", "individual", "independent", "posix", "mmap"}) {
     for (const int np : {3, 5}) {  // 4 chunks: 5 ranks leave one without any
       ::setenv("HK_MPIIO_WRITE", mode, 1);
       const ProcResult many = forward(np, dir, with_output("many.h5"));

@@ -1,6 +1,7 @@
 #include "hk/io/h5_detail.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -139,14 +140,15 @@ void WriteBack::start() const noexcept {
 }
 
 RawRows::RawRows(const std::string& file, const std::string& object, const std::string& path, hid_t dset,
-                 const std::vector<int64_t>& dims)
+                 const std::vector<int64_t>& dims, bool mapped)
     : file_(file),
       object_(object),
       offset_(contiguous_offset(dset, file, object)),
       row_bytes_(uint64_t(dims[1]) * uint64_t(dims[2]) * sizeof(float)),
       position_bytes_(uint64_t(dims[2]) * sizeof(float)),
-      positions_(int(dims[1])) {
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+      positions_(int(dims[1])),
+      mapped_(mapped) {
+  fd_ = ::open(path.c_str(), (mapped ? O_RDWR : O_WRONLY) | O_CLOEXEC);  // a shared mapping needs read access
   const int err = errno;
   if (fd_ < 0) fail(file, object, "cannot open the temporary output file " + path + " for writing (" + std::strerror(err) + ")");
 }
@@ -174,7 +176,33 @@ void RawRows::write(int64_t b0, int64_t nb, const void* data, const int32_t* len
   ::sync_file_range(fd_, off_t(begin), off_t(uint64_t(nb) * row_bytes_), SYNC_FILE_RANGE_WRITE);  // best effort
 }
 
+bool RawRows::copy_mapped(uint64_t begin, uint64_t bytes, const char* p, int64_t b0, int64_t nb) const {
+  const auto failed = [&](const char* what, int err) {
+    fail(file_, object_, "cannot write rows [" + std::to_string(b0) + ", " + std::to_string(b0 + nb) + ") (" + what +
+                             ": " + std::strerror(err) + ")");
+  };
+  // The blocks first: a page of the mapping whose block cannot be allocated would end the
+  // process with SIGBUS when written; this way a full disk is an error here.
+  if (::fallocate(fd_, 0, off_t(begin), off_t(bytes)) != 0) {
+    const int err = errno;
+    if (err == EOPNOTSUPP || err == ENOSYS) return false;  // pwrite instead
+    failed("fallocate", err);
+  }
+  static const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
+  const uint64_t start = begin / page * page, len = bytes + (begin - start);
+  void* m = ::mmap(nullptr, size_t(len), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, off_t(start));
+  if (m == MAP_FAILED) failed("mmap", errno);
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+  ::madvise(m, size_t(len), MADV_POPULATE_WRITE);  // the pages in one call, not one fault each; advice only
+  std::memcpy(static_cast<char*>(m) + (begin - start), p, size_t(bytes));
+  ::munmap(m, size_t(len));  // the pages stay dirty in the page cache, written back as pwrite's are
+  return true;
+}
+
 void RawRows::write_range(uint64_t begin, uint64_t bytes, const char* p, int64_t b0, int64_t nb) const {
+  if (mapped_ && copy_mapped(begin, bytes, p, b0, nb)) return;
   for (uint64_t done = 0; done < bytes;) {
     const ssize_t w = ::pwrite(fd_, p + done, size_t(std::min<uint64_t>(bytes - done, uint64_t(1) << 30)),
                                off_t(begin + done));

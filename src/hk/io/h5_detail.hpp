@@ -60,8 +60,13 @@ class RawRows {
  public:
   // `file`, `object`: for messages; `path`: the file to open (the temporary output file); `dset`
   // the float32 dataset of shape `dims` [rows, positions, elements] (its offset is read here).
+  // `mapped`: each write reserves its byte range (fallocate: blocks allocated, the file extended,
+  // never shrunk) and copies into a shared mapping of it instead of calling pwrite. Buffered
+  // writes to one file take its inode lock, so the ranks of a job writing one file through
+  // pwrite copy one at a time; copies into a mapping of disjoint ranges run side by side. A file
+  // system without fallocate gets pwrite.
   RawRows(const std::string& file, const std::string& object, const std::string& path, hid_t dset,
-          const std::vector<int64_t>& dims);
+          const std::vector<int64_t>& dims, bool mapped = false);
   ~RawRows();
   RawRows(const RawRows&) = delete;
   RawRows& operator=(const RawRows&) = delete;
@@ -75,11 +80,13 @@ class RawRows {
 
  private:
   void write_range(uint64_t begin, uint64_t bytes, const char* p, int64_t b0, int64_t nb) const;
+  bool copy_mapped(uint64_t begin, uint64_t bytes, const char* p, int64_t b0, int64_t nb) const;
 
   std::string file_, object_;
   int fd_ = -1;
   uint64_t offset_ = 0, row_bytes_ = 0, position_bytes_ = 0;
   int positions_ = 0;
+  bool mapped_ = false;
 };
 
 // The file offset of a contiguous dataset's allocated raw data; fails (hk::Error) otherwise.

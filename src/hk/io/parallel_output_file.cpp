@@ -49,7 +49,7 @@ struct ParallelOutputFile::Impl {
   int64_t rows_written = 0;  // by this rank
   std::string mode;          // HK_MPIIO_WRITE
   std::unique_ptr<WriteBack> write_back;  // this rank's request to start the disk write after each chunk
-  std::unique_ptr<RawRows> raw;           // "posix": this rank's rows written past HDF5 and MPI-IO
+  std::unique_ptr<RawRows> raw;           // "posix", "mmap": this rank's rows written past HDF5 and MPI-IO
   bool independent = false;  // no write rounds: a rank writes its rows alone, empty writes are skipped
   bool committed = false;
 
@@ -65,7 +65,7 @@ struct ParallelOutputFile::Impl {
 };
 
 const std::vector<std::string>& ParallelOutputFile::write_modes() {
-  static const std::vector<std::string> modes = {"posix", "independent", "collective", "individual"};
+  static const std::vector<std::string> modes = {"posix", "mmap", "independent", "collective", "individual"};
   return modes;
 }
 
@@ -128,14 +128,15 @@ ParallelOutputFile::ParallelOutputFile(const std::string& path, int64_t B, int S
         H5Dcreate2(m.group.get(), "y", H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
     if (!m.y.valid()) fail_h5(path, "/output/y", "cannot create the dataset");
     m.dxpl = plist_handle(H5Pcreate(H5P_DATASET_XFER));
-    m.independent = m.mode == "independent" || m.mode == "posix";
-    if (m.mode == "posix") {
+    const bool raw = m.mode == "posix" || m.mode == "mmap";
+    m.independent = m.mode == "independent" || raw;
+    if (raw) {
       std::string why;  // agreed: a rank that cannot write makes every rank fail here
       try {
         if (!native_float_is_f32le())
-          fail(path, "/output/y", "HK_MPIIO_WRITE=posix writes memory floats as they are: expected little-endian "
-                                  "float32 on this host, found another layout (use independent)");
-        m.raw = std::make_unique<RawRows>(path, "/output/y", m.temp, m.y.get(), m.dims);
+          fail(path, "/output/y", "HK_MPIIO_WRITE=" + m.mode + " writes memory floats as they are: expected "
+                                  "little-endian float32 on this host, found another layout (use independent)");
+        m.raw = std::make_unique<RawRows>(path, "/output/y", m.temp, m.y.get(), m.dims, m.mode == "mmap");
       } catch (const Error& e) {
         why = e.what();
       }
@@ -215,7 +216,7 @@ void ParallelOutputFile::commit() {
   if (total != m.dims[0])
     fail(m.path, "/output/y", "expected all " + std::to_string(m.dims[0]) + " rows written before commit, found " +
                                   std::to_string(total));
-  // posix: each rank's rows on disk (its own fsync: the ranks may not share a page cache when the
+  // posix, mmap: each rank's rows on disk (its own fsync: the ranks may not share a page cache when the
   // mode was asked for across nodes). Then the collective flush and close (MPI_File_sync + close
   // underneath), then one rank makes it durable and visible.
   std::string raw_why = m.raw ? m.raw->finish(/*sync=*/true) : "";

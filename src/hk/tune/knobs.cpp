@@ -67,12 +67,14 @@ const std::vector<Knob>& knobs() {
        "Programmatic dependent launch of hk's own kernels on sm_90 and newer (also inside the forward's CUDA "
        "graph): a kernel stages its weights and launches while the previous kernel finishes, then waits for it "
        "before reading activations. 0: ordinary launches. The bits of the output are the same either way."},
-      {"HK_MPIIO_WRITE", "independent|posix|collective|individual", "independent", "io",
+      {"HK_MPIIO_WRITE", "independent|posix|mmap|collective|individual", "independent", "io",
        "How the ranks of an MPI job write /output/y. independent: each rank writes its chunks (contiguous row "
        "ranges) through parallel HDF5 when they are ready, with no write rounds shared between ranks; posix: "
        "the same, with pwrite at the dataset's file offset past HDF5 and MPI-IO (coherent where the ranks share "
        "one page cache, i.e. one node, or on a POSIX-coherent parallel file system such as Lustre or GPFS; not "
-       "on NFS; measured slower than independent with 2 ranks on one node); collective: collective MPI-IO "
+       "on NFS; measured slower than independent with 2 ranks on one node); mmap: as posix, each rank copying "
+       "into a shared mapping of its byte ranges (reserved with fallocate first) instead of calling pwrite, so "
+       "that the ranks' copies into one file do not queue on its inode lock; collective: collective MPI-IO "
        "(two-phase: aggregator ranks gather neighbouring rows and write them); individual: the same "
        "collective HDF5 calls, each rank writing its own rows underneath. The bits of the file are the same "
        "in every mode."},
