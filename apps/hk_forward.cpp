@@ -170,23 +170,10 @@ class Progress {
   double last_ = -1.0;
 };
 
-// The first non-finite element of y [nb, S, D], as "[b, s, d]", or "".
-// A chunk of y is tens of megabytes, which one thread scans at ~5 GB/s (12 ms for case 6's
-// chunks, more than the forward): four threads share the scan.
+// The first non-finite element of y [nb, S, D], as "[b, s, d]", or "". A chunk of y is tens of
+// megabytes: four threads share the scan (hk::io::first_nonfinite_parallel).
 std::string first_nonfinite(const float* y, int64_t n, int64_t b0, int S, int D) {
-  constexpr int kParts = 4;
-  const int64_t step = n >= (int64_t(1) << 22) ? (n + kParts - 1) / kParts : n;
-  std::vector<std::future<int64_t>> rest;
-  for (int64_t b = step; b < n; b += step)
-    rest.push_back(std::async(std::launch::async, [y, b, e = std::min(n, b + step)] {
-      const int64_t i = hk::io::first_nonfinite(y + b, e - b);
-      return i < 0 ? i : b + i;
-    }));
-  int64_t i = hk::io::first_nonfinite(y, std::min(n, step));
-  for (auto& f : rest) {
-    const int64_t j = f.get();  // every part joined before returning
-    if (i < 0) i = j;
-  }
+  const int64_t i = hk::io::first_nonfinite_parallel(y, n);
   if (i < 0) return "";
   const int64_t per = int64_t(S) * D;
   return "[" + std::to_string(b0 + i / per) + ", " + std::to_string((i / D) % S) + ", " + std::to_string(i % D) + "]";

@@ -50,4 +50,29 @@ TEST(FirstNonfinite, FindsTheFirstOfEveryKindAnywhere) {
     }
 }
 
+// The threaded scan gives the serial answer: the first hit in any part (several hits in several
+// parts: the earliest), none, sizes just above the split threshold with an uneven last part, and
+// 1 or 7 parts.
+TEST(FirstNonfinite, TheParallelScanGivesTheSerialAnswer) {
+  const int64_t n = (int64_t(1) << 22) + 4099;  // above the split threshold, parts of uneven size
+  std::vector<float> x(size_t(n), 0.5f);
+  EXPECT_EQ(hk::io::first_nonfinite_parallel(x.data(), n), -1);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const int64_t quarter = (n + 3) / 4;
+  for (const int parts : {1, 4, 7})
+    for (const int64_t at : {int64_t(0), quarter - 1, quarter, 2 * quarter + 1, 3 * quarter, n - 1}) {
+      SCOPED_TRACE(std::to_string(parts) + " parts, at " + std::to_string(at));
+      x[size_t(at)] = at % 2 ? nan : -inf;
+      EXPECT_EQ(hk::io::first_nonfinite_parallel(x.data(), n, parts), at);
+      if (at + quarter < n) {
+        x[size_t(at + quarter)] = inf;  // a later hit in a later part does not win
+        EXPECT_EQ(hk::io::first_nonfinite_parallel(x.data(), n, parts), at);
+        x[size_t(at + quarter)] = 0.5f;
+      }
+      x[size_t(at)] = 0.5f;
+    }
+  x[size_t(n - 1)] = nan;  // small arrays take the serial path with the same answer
+  EXPECT_EQ(hk::io::first_nonfinite_parallel(x.data() + n - 100, 100), 99);
+}
+
 }  // namespace

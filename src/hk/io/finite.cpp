@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <future>
+#include <vector>
 
 namespace hk::io {
 
@@ -24,6 +26,24 @@ int64_t first_nonfinite(const float* x, int64_t n) {
         if (!std::isfinite(x[i])) return i;
   }
   return -1;
+}
+
+int64_t first_nonfinite_parallel(const float* x, int64_t n, int parts) {
+  constexpr int64_t kMinSplit = int64_t(1) << 22;
+  if (parts < 2 || n < kMinSplit) return first_nonfinite(x, n);
+  const int64_t step = (n + parts - 1) / parts;
+  std::vector<std::future<int64_t>> rest;
+  for (int64_t b = step; b < n; b += step)
+    rest.push_back(std::async(std::launch::async, [x, b, e = std::min(n, b + step)] {
+      const int64_t i = first_nonfinite(x + b, e - b);
+      return i < 0 ? i : b + i;
+    }));
+  int64_t i = first_nonfinite(x, std::min(n, step));
+  for (auto& f : rest) {
+    const int64_t j = f.get();  // every part joined before returning
+    if (i < 0) i = j;
+  }
+  return i;
 }
 
 }  // namespace hk::io

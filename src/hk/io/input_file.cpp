@@ -224,8 +224,9 @@ void InputFile::read(int64_t b0, int64_t nb, float* x, int32_t* lengths) {
   }
   if (!half.empty())
     for (int64_t i = 0; i < n; ++i) x[i] = float(half_to_double(half[size_t(i)]));
-  // Checked here, slice by slice, so that no backend ever sees a non-finite input.
-  const int64_t i = first_nonfinite(x, n);
+  // Checked here, slice by slice, so that no backend ever sees a non-finite input (a large slice
+  // by several threads: the check sits on hk_forward's reader path).
+  const int64_t i = first_nonfinite_parallel(x, n);
   if (i >= 0) {
     const int64_t b = b0 + i / per_seq, s = (i / m.D) % m.S, d = i % m.D;
     fail(m.path, "/input/x", std::string("expected finite values, found ") +
