@@ -160,13 +160,36 @@ TEST(Streaming, EngineBatchComputesChunksInPiecesWithTheSameBits) {
   EXPECT_FALSE(std::filesystem::exists(dir.path("z.h5")));
 }
 
-// HK_INPUT_BUFFERS sets how far the reader may run ahead (same output); a bad value is one clear
-// error before anything is written. Run through env(1): the variable reaches only hk_forward.
-TEST(Streaming, InputBufferKnob) {
+// HK_INPUT_BUFFERS sets how far the reader may run ahead, HK_WRITE_BACK when the disk write of
+// each chunk starts (same output either way); a bad value is one clear error before anything is
+// written. Run through env(1): the variable reaches only hk_forward.
+TEST(Streaming, InputBufferAndWriteBackKnobs) {
   ScratchDir dir;
   write_case(dir.path("in.h5"), 12, 16);
   const std::vector<std::string> common = {g_forward, "--input", "in.h5", "--backend", "kokkos", "--precision",
                                            "reference", "--batch-chunk", "2", "--quiet"};
+  for (const char* wb : {"inline", "off", "async"}) {
+    const std::vector<std::string> a = {"/usr/bin/env", std::string("HK_WRITE_BACK=") + wb};
+    std::vector<std::string> args = a;
+    args.insert(args.end(), common.begin(), common.end());
+    args.insert(args.end(), {"--output", std::string("wb-") + wb + ".h5"});
+    const ProcResult r = run_process(args, dir.path(""), dir.path("capture"));
+    ASSERT_EQ(r.status, 0) << wb << ": " << r.err;
+    if (std::string(wb) != "inline")
+      EXPECT_TRUE(same_bits(io::read_output(dir.path("wb-inline.h5")).y,
+                            io::read_output(dir.path(std::string("wb-") + wb + ".h5")).y))
+          << wb;
+  }
+  {
+    std::vector<std::string> args = {"/usr/bin/env", "HK_WRITE_BACK=sometimes"};
+    args.insert(args.end(), common.begin(), common.end());
+    args.insert(args.end(), {"--output", "wb-bad.h5"});
+    const ProcResult r = run_process(args, dir.path(""), dir.path("capture"));
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_EQ(r.err_lines_starting("hk_forward: error: ").size(), 1u) << r.err;
+    EXPECT_NE(r.err.find("HK_WRITE_BACK"), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir.path("wb-bad.h5")));
+  }
   auto with = [&](const std::string& value, const std::string& out) {
     std::vector<std::string> a = {"/usr/bin/env", "HK_INPUT_BUFFERS=" + value};
     a.insert(a.end(), common.begin(), common.end());

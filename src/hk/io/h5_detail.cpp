@@ -14,6 +14,7 @@
 #include "hk/error.hpp"
 #include "hk/io/dtype.hpp"
 #include "hk/io/io.hpp"
+#include "hk/tune/knobs.hpp"
 
 namespace hk::io::detail {
 
@@ -139,6 +140,38 @@ void WriteBack::start() const noexcept {
   if (fd_ >= 0) ::sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
 }
 
+WriteBackQueue::WriteBackQueue(int fd) : fd_(fd) {
+  t_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(m_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stop_ || !q_.empty(); });
+      if (stop_) return;
+      const auto [begin, bytes] = q_.front();
+      q_.pop_front();
+      lock.unlock();
+      ::sync_file_range(fd_, off_t(begin), off_t(bytes), SYNC_FILE_RANGE_WRITE);  // best effort
+      lock.lock();
+    }
+  });
+}
+
+WriteBackQueue::~WriteBackQueue() {
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  t_.join();
+}
+
+void WriteBackQueue::request(uint64_t begin, uint64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    q_.emplace_back(begin, bytes);
+  }
+  cv_.notify_all();
+}
+
 RawRows::RawRows(const std::string& file, const std::string& object, const std::string& path, hid_t dset,
                  const std::vector<int64_t>& dims, bool mapped)
     : file_(file),
@@ -148,12 +181,16 @@ RawRows::RawRows(const std::string& file, const std::string& object, const std::
       position_bytes_(uint64_t(dims[2]) * sizeof(float)),
       positions_(int(dims[1])),
       mapped_(mapped) {
+  const std::string wb = tune::knob_choice("HK_WRITE_BACK", {"async", "inline", "off"});
+  write_back_ = wb == "inline" ? 1 : wb == "off" ? 2 : 0;
   fd_ = ::open(path.c_str(), (mapped ? O_RDWR : O_WRONLY) | O_CLOEXEC);  // a shared mapping needs read access
   const int err = errno;
   if (fd_ < 0) fail(file, object, "cannot open the temporary output file " + path + " for writing (" + std::strerror(err) + ")");
+  if (write_back_ == 0) queue_ = std::make_unique<WriteBackQueue>(fd_);
 }
 
 RawRows::~RawRows() {
+  queue_.reset();  // before the descriptor it uses
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -173,7 +210,8 @@ void RawRows::write(int64_t b0, int64_t nb, const void* data, const int32_t* len
       i = j + 1;
     }
   }
-  ::sync_file_range(fd_, off_t(begin), off_t(uint64_t(nb) * row_bytes_), SYNC_FILE_RANGE_WRITE);  // best effort
+  if (queue_) queue_->request(begin, uint64_t(nb) * row_bytes_);
+  else if (write_back_ == 1) ::sync_file_range(fd_, off_t(begin), off_t(uint64_t(nb) * row_bytes_), SYNC_FILE_RANGE_WRITE);
 }
 
 bool RawRows::copy_mapped(uint64_t begin, uint64_t bytes, const char* p, int64_t b0, int64_t nb) const {
@@ -217,6 +255,7 @@ void RawRows::write_range(uint64_t begin, uint64_t bytes, const char* p, int64_t
 
 std::string RawRows::finish(bool sync) {
   if (fd_ < 0) return "";
+  queue_.reset();  // its requests still queued are dropped: the fsync below writes everything
   std::string why;
   if (sync && ::fsync(fd_) != 0) {
     const int err = errno;

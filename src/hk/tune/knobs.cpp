@@ -87,6 +87,11 @@ const std::vector<Knob>& knobs() {
        "compute. auto: 3 with a GPU (the reader reads ahead while the driver, the context and the engine "
        "start; four measured slower), 2 otherwise. More helps a file system with uneven reads, at 64 MiB of host memory each on a "
        "GPU run (counted in the chunk sizing under --mem-cap)."},
+      {"HK_WRITE_BACK", "async|inline|off", "async", "io",
+       "Starting the disk write of each output chunk as soon as it is written (sync_file_range), so that the "
+       "final fsync has little left. async: requested on a thread of its own (the request waits when the "
+       "device's queue is full, the writer does not); inline: on the writer's thread; off: only the final "
+       "fsync writes."},
       {"HK_CUDA_POISON", "0|1", "0", "tests",
        "1: fill the CUDA engine's arena with NaN at construction so a read of an unwritten element reaches "
        "the output."},
