@@ -107,7 +107,8 @@ class RawRows {
 
  private:
   void write_range(uint64_t begin, uint64_t bytes, const char* p, int64_t b0, int64_t nb) const;
-  bool copy_mapped(uint64_t begin, uint64_t bytes, const char* p, int64_t b0, int64_t nb) const;
+  bool copy_mapped(uint64_t begin, uint64_t bytes, const char* p, int64_t b0, int64_t nb,
+                   const int32_t* lengths = nullptr) const;
 
   std::string file_, object_;
   int fd_ = -1;
