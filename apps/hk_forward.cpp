@@ -316,11 +316,12 @@ int run(const Options& o, int* argc, char*** argv) {
       const std::vector<std::string> gpus = hk::app::node_gpus();
       if (gpus.size() > 1 && hk::app::restrict_to_gpu(gpus[size_t(launch.local_rank) % gpus.size()]))
         node_gpu_count = int(gpus.size());
-    } else if (HK_HAVE_CUDA && o.backend != "kokkos" && !launch.launched && o.device >= 0 &&
+    } else if (HK_HAVE_CUDA && o.backend != "kokkos" && (!launch.launched || o.device_given) && o.device >= 0 &&
                (std::getenv("CUDA_VISIBLE_DEVICES") || hk::app::nvidia_gpu_count() > 1)) {
-      // One process on a node of several GPUs uses one (--device): the same restriction, so that
-      // CUDA's start-up sets up that GPU only (measured on two H200s: the driver's start 0.34 s,
-      // 0.11 s with one GPU). Its ordinal in this process becomes 0.
+      // One process on a node of several GPUs uses one (--device; also each rank of a job given
+      // --device): the same restriction, so that CUDA's start-up sets up that GPU only (measured
+      // on two H200s: the driver's start 0.34 s, 0.11 s with one GPU). Its ordinal in this process
+      // becomes 0.
       Span span(tr, "GPUs of the node (NVML)");
       const std::vector<std::string> gpus = hk::app::node_gpus();
       if (gpus.size() > 1 && size_t(o.device) < gpus.size() && hk::app::restrict_to_gpu(gpus[size_t(o.device)]))
@@ -373,10 +374,13 @@ int run(const Options& o, int* argc, char*** argv) {
     }
     if (sizing.chunk > std::numeric_limits<int>::max())
       throw hk::Error("--batch-chunk " + std::to_string(sizing.chunk) + " is too large (at most 2^31-1 sequences)");
-    // The parallel output's write mode, checked here so that a bad value is one agreed error.
+    // The output's and the buffers' knobs, checked here so that a bad value is one agreed error
+    // (they are read where they are used, which may be only on some paths).
 #if HK_HAVE_MPI
     if (job.size() > 1) hk::tune::knob_choice("HK_MPIIO_WRITE", hk::io::ParallelOutputFile::write_modes());
 #endif
+    hk::tune::knob_choice("HK_WRITE_BACK", {"async", "inline", "off"});
+    hk::tune::knob_choice("HK_HOST_HUGEPAGES", {"1", "0"});
     // The ranks create the output together; a directory they cannot write is found here, before
     // anything collective, so that it is one clean error.
     if (job.size() > 1 && job.rank() == 0 && !o.explain) {
@@ -645,6 +649,7 @@ int run(const Options& o, int* argc, char*** argv) {
     out->set_attribute("input_file", input);
     out->set_attribute("model_file", model_path);
     out->set_attribute("batch_chunk", std::to_string(chunk));
+    out->set_attribute("engine_batch", std::to_string(engine_batch));  // the pieces: with the chunk, they fix the bits
     out->set_attribute("ranks", std::to_string(job.size()));
     attr_span.reset();
     if (child) {

@@ -48,31 +48,51 @@ class Pipeline {
   PipelineStats run() {
     const int64_t n = g_.local_chunks();
     std::thread reader([&] { guarded([&] { read_all(n); }); });
-    // Buffers for a GPU are allocated untouched (pages registered untouched hold up the engine's
-    // CUDA calls). The output buffers' pages are made here, while the set-up mostly waits for the
-    // CUDA driver, when they lie on huge pages (a few dozen faults: they do not contend with the
-    // driver's own mappings, as 4 KiB faults measured to): page-locking them beside the engine's
-    // build is then quick. The input buffers get theirs from the reader's first fills.
-    if (pin_device_ >= 0 && n > 0) {
-      Trace::Span span(trace(), "output buffers' pages");
-      for (Slot& y : y_)
-        if (y.data.huge_pages()) y.data.touch();
-    }
-    if (st_.setup) {
-      try {
+    // Stops the reader and waits for it (the way out before the writer exists).
+    const auto stop_reader = [&] {
+      {
+        std::lock_guard<std::mutex> lock(m_);
+        stop_ = true;  // the reader stops after its current chunk
+        cv_.notify_all();
+      }
+      reader.join();
+    };
+    try {
+      // Buffers for a GPU are allocated untouched (pages registered untouched hold up the
+      // engine's CUDA calls). The output buffers' pages are made here, before the set-up (which
+      // then mostly waits for the CUDA driver's start on another thread), when they lie on huge
+      // pages (a few dozen faults: they do not contend with the driver's own mappings, as 4 KiB
+      // faults measured to): page-locking them beside the engine's build is then quick. The
+      // input buffers get theirs from the reader's first fills.
+      if (pin_device_ >= 0 && n > 0) {
+        Trace::Span span(trace(), "output buffers' pages");
+        for (Slot& y : y_)
+          if (y.data.huge_pages()) y.data.touch();
+      }
+      if (st_.setup) {
         Trace::Span span(trace(), "set-up (beside the reader)");
         pin_device_ = st_.setup();
-      } catch (...) {
-        {
-          std::lock_guard<std::mutex> lock(m_);
-          stop_ = true;  // the reader stops after its current chunk; the set-up's error is the run's
-          cv_.notify_all();
-        }
-        reader.join();
-        throw;
+      }
+    } catch (...) {
+      stop_reader();  // the set-up's error is the run's
+      throw;
+    }
+    {
+      // The reader failed while the set-up ran: its error now, without starting the rest.
+      std::unique_lock<std::mutex> lock(m_);
+      if (error_) {
+        lock.unlock();
+        stop_reader();
+        std::rethrow_exception(error_);
       }
     }
-    std::thread writer([&] { guarded([&] { write_all(n); }); });
+    std::thread writer;
+    try {
+      writer = std::thread([&] { guarded([&] { write_all(n); }); });
+    } catch (...) {
+      stop_reader();
+      throw;
+    }
     guarded([&] { compute_all(n); });
     reader.join();
     writer.join();

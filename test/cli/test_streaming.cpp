@@ -180,14 +180,14 @@ TEST(Streaming, InputBufferAndWriteBackKnobs) {
                             io::read_output(dir.path(std::string("wb-") + wb + ".h5")).y))
           << wb;
   }
-  {
-    std::vector<std::string> args = {"/usr/bin/env", "HK_WRITE_BACK=sometimes"};
+  for (const char* bad : {"HK_WRITE_BACK=sometimes", "HK_HOST_HUGEPAGES=yes"}) {
+    std::vector<std::string> args = {"/usr/bin/env", bad};
     args.insert(args.end(), common.begin(), common.end());
     args.insert(args.end(), {"--output", "wb-bad.h5"});
     const ProcResult r = run_process(args, dir.path(""), dir.path("capture"));
-    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_EQ(r.status, 1) << bad << ": " << r.err;
     EXPECT_EQ(r.err_lines_starting("hk_forward: error: ").size(), 1u) << r.err;
-    EXPECT_NE(r.err.find("HK_WRITE_BACK"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(std::string(bad).substr(0, std::string(bad).find('='))), std::string::npos) << r.err;
     EXPECT_FALSE(std::filesystem::exists(dir.path("wb-bad.h5")));
   }
   auto with = [&](const std::string& value, const std::string& out) {

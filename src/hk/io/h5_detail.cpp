@@ -186,7 +186,12 @@ RawRows::RawRows(const std::string& file, const std::string& object, const std::
   fd_ = ::open(path.c_str(), (mapped ? O_RDWR : O_WRONLY) | O_CLOEXEC);  // a shared mapping needs read access
   const int err = errno;
   if (fd_ < 0) fail(file, object, "cannot open the temporary output file " + path + " for writing (" + std::strerror(err) + ")");
-  if (write_back_ == 0) queue_ = std::make_unique<WriteBackQueue>(fd_);
+  try {
+    if (write_back_ == 0) queue_ = std::make_unique<WriteBackQueue>(fd_);
+  } catch (...) {
+    ::close(fd_);  // the destructor does not run for a constructor that throws
+    throw;
+  }
 }
 
 RawRows::~RawRows() {
@@ -222,15 +227,23 @@ bool RawRows::copy_mapped(uint64_t begin, uint64_t bytes, const char* p, int64_t
     fail(file_, object_, "cannot write rows [" + std::to_string(b0) + ", " + std::to_string(b0 + nb) + ") (" + what +
                              ": " + std::strerror(err) + ")");
   };
+  if (no_fallocate_) return false;
   // The blocks first: a page of the mapping whose block cannot be allocated would end the
-  // process with SIGBUS when written; this way a full disk is an error here.
-  if (::fallocate(fd_, 0, off_t(begin), off_t(bytes)) != 0) {
-    const int err = errno;
-    if (err == EOPNOTSUPP || err == ENOSYS) return false;  // pwrite instead
-    failed("fallocate", err);
-  }
+  // process with SIGBUS when written; this way a full disk is an error here. The range itself
+  // (the file grows to hold it), then the whole pages around it without changing the size (a
+  // page may span several blocks, some of them a neighbour's rows).
   static const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
   const uint64_t start = begin / page * page, len = bytes + (begin - start);
+  const uint64_t whole = (len + page - 1) / page * page;
+  if (::fallocate(fd_, 0, off_t(begin), off_t(bytes)) != 0 ||
+      ::fallocate(fd_, FALLOC_FL_KEEP_SIZE, off_t(start), off_t(whole)) != 0) {
+    const int err = errno;
+    if (err == EOPNOTSUPP || err == ENOSYS) {
+      no_fallocate_ = true;  // pwrite from now on
+      return false;
+    }
+    failed("fallocate", err);
+  }
   void* m = ::mmap(nullptr, size_t(len), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, off_t(start));
   if (m == MAP_FAILED) failed("mmap", errno);
 #ifndef MADV_POPULATE_WRITE
@@ -238,7 +251,10 @@ bool RawRows::copy_mapped(uint64_t begin, uint64_t bytes, const char* p, int64_t
 #endif
   char* const at = static_cast<char*>(m) + (begin - start);
   if (!lengths) {
-    ::madvise(m, size_t(len), MADV_POPULATE_WRITE);  // the pages in one call, not one fault each; advice only
+    // The pages wholly inside the range in one call, not one fault each (advice only; the partial
+    // first and last pages, shared with a neighbour's rows, fault as the copy reaches them).
+    const uint64_t first = (begin + page - 1) / page * page, last = (begin + bytes) / page * page;
+    if (last > first) ::madvise(static_cast<char*>(m) + (first - start), size_t(last - first), MADV_POPULATE_WRITE);
     std::memcpy(at, p, size_t(bytes));
   } else {
     // Each row's valid prefix: the pages of padded positions are never touched and read as zeros

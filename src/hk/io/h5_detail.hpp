@@ -115,6 +115,7 @@ class RawRows {
   uint64_t offset_ = 0, row_bytes_ = 0, position_bytes_ = 0;
   int positions_ = 0;
   bool mapped_ = false;
+  mutable bool no_fallocate_ = false;        // mapped: the file system refused fallocate, pwrite instead
   int write_back_ = 0;                       // HK_WRITE_BACK: 0 async, 1 inline, 2 off
   std::unique_ptr<WriteBackQueue> queue_;  // async: the write-back requests
 };

@@ -91,7 +91,8 @@ const std::vector<Knob>& knobs() {
        "Starting the disk write of each output chunk as soon as it is written (sync_file_range), so that the "
        "final fsync has little left. async: requested on a thread of its own (the request waits when the "
        "device's queue is full, the writer does not); inline: on the writer's thread; off: only the final "
-       "fsync writes."},
+       "fsync writes. For the rows written past HDF5 (one process; HK_MPIIO_WRITE posix and mmap); the MPI-IO "
+       "modes request it inline."},
       {"HK_CUDA_POISON", "0|1", "0", "tests",
        "1: fill the CUDA engine's arena with NaN at construction so a read of an unwritten element reaches "
        "the output."},
