@@ -208,13 +208,11 @@ class Output {
 #endif
     ser_->set_attribute(name, value);
   }
-  // With `lengths`, only each row's valid prefix where that is the faster way (a parallel file in
-  // mmap mode); whole rows otherwise (padded positions are zero in y either way: MODEL.md).
   void write(int64_t b0, int64_t nb, const float* y, const int32_t* lengths) {
 #if HK_HAVE_MPI
-    if (par_) return par_->write(b0, nb, y, par_->prefers_prefixes() ? lengths : nullptr);
+    if (par_) return par_->write(b0, nb, y, lengths);
 #endif
-    ser_->write(b0, nb, y, nullptr);
+    ser_->write(b0, nb, y, lengths);
   }
   void commit() {
 #if HK_HAVE_MPI
@@ -618,15 +616,13 @@ int run(const Options& o, int* argc, char*** argv) {
         throw hk::Error(output + ": /output/y: backend " + engine->backend() + " produced a non-finite value at " + bad +
                         " from a finite input (a bug; nothing was written)");
     };
-    // Whole rows, padded positions included (zero in y: MODEL.md), except where the output takes
-    // each row's valid prefix as cheaply (Output::write: a parallel file in mmap mode copies the
-    // prefixes into its mapping; the pages of padded positions stay unwritten and read as zeros).
-    // Through pwrite, one write per sequence prefix halves the bytes but measured slower on the
-    // GPU machine's ext4 page cache: case 6's chunk writes went from ~22 ms to ~50 ms
-    // (perf/RESULTS.md, 2026-11-29): one contiguous write per chunk beats a thousand short ones.
-    stages.write = [&](int64_t b0, int64_t nb, const float* y, const int32_t* lengths) {
-      out->write(b0, nb, y, has_lengths ? lengths : nullptr);
-    };
+    // Whole rows, padded positions included (zero in y: MODEL.md). Leaving the padded positions
+    // unwritten (the writer's lengths argument: one write per sequence prefix, holes in the file)
+    // halves the bytes but measured slower on the GPU machine's ext4 page cache: case 6's chunk
+    // writes went from ~22 ms to ~50 ms (perf/RESULTS.md, 2026-11-29): one contiguous write per
+    // chunk is faster than a thousand short ones. Copying only the prefixes into the mapping of
+    // HK_MPIIO_WRITE=mmap measured no better either (2 ranks: 1.46 s vs posix 1.36 s, one call).
+    stages.write = [&](int64_t b0, int64_t nb, const float* y, const int32_t*) { out->write(b0, nb, y, nullptr); };
     stages.progress = [&](const hk::app::PipelineStats& s) {
       // Rank 0's share of the job stands for the whole (round robin keeps the ranks level).
       const int64_t done = int64_t(double(s.sequences_done) * S / double(local_tokens) * double(B * S));

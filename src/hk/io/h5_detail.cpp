@@ -202,9 +202,7 @@ RawRows::~RawRows() {
 void RawRows::write(int64_t b0, int64_t nb, const void* data, const int32_t* lengths) const {
   const char* p = static_cast<const char*>(data);
   const uint64_t begin = offset_ + uint64_t(b0) * row_bytes_;
-  if (mapped_ && lengths && copy_mapped(begin, uint64_t(nb) * row_bytes_, p, b0, nb, lengths)) {
-    // one mapping of the chunk's rows, each row's prefix copied
-  } else if (!lengths) {
+  if (!lengths) {
     write_range(begin, uint64_t(nb) * row_bytes_, p, b0, nb);
   } else {
     for (int64_t i = 0; i < nb;) {
@@ -221,8 +219,7 @@ void RawRows::write(int64_t b0, int64_t nb, const void* data, const int32_t* len
   else if (write_back_ == 1) ::sync_file_range(fd_, off_t(begin), off_t(uint64_t(nb) * row_bytes_), SYNC_FILE_RANGE_WRITE);
 }
 
-bool RawRows::copy_mapped(uint64_t begin, uint64_t bytes, const char* p, int64_t b0, int64_t nb,
-                          const int32_t* lengths) const {
+bool RawRows::copy_mapped(uint64_t begin, uint64_t bytes, const char* p, int64_t b0, int64_t nb) const {
   const auto failed = [&](const char* what, int err) {
     fail(file_, object_, "cannot write rows [" + std::to_string(b0) + ", " + std::to_string(b0 + nb) + ") (" + what +
                              ": " + std::strerror(err) + ")");
@@ -249,21 +246,11 @@ bool RawRows::copy_mapped(uint64_t begin, uint64_t bytes, const char* p, int64_t
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14
 #endif
-  char* const at = static_cast<char*>(m) + (begin - start);
-  if (!lengths) {
-    // The pages wholly inside the range in one call, not one fault each (advice only; the partial
-    // first and last pages, shared with a neighbour's rows, fault as the copy reaches them).
-    const uint64_t first = (begin + page - 1) / page * page, last = (begin + bytes) / page * page;
-    if (last > first) ::madvise(static_cast<char*>(m) + (first - start), size_t(last - first), MADV_POPULATE_WRITE);
-    std::memcpy(at, p, size_t(bytes));
-  } else {
-    // Each row's valid prefix: the pages of padded positions are never touched and read as zeros
-    // (fallocated, unwritten). [begin, begin + bytes) is whole rows here.
-    for (int64_t i = 0; i < nb; ++i) {
-      const uint64_t row = uint64_t(i) * row_bytes_;
-      std::memcpy(at + row, p + row, size_t(uint64_t(std::clamp(lengths[i], 0, positions_)) * position_bytes_));
-    }
-  }
+  // The pages wholly inside the range in one call, not one fault each (advice only; the partial
+  // first and last pages, shared with a neighbour's rows, fault as the copy reaches them).
+  const uint64_t first = (begin + page - 1) / page * page, last = (begin + bytes) / page * page;
+  if (last > first) ::madvise(static_cast<char*>(m) + (first - start), size_t(last - first), MADV_POPULATE_WRITE);
+  std::memcpy(static_cast<char*>(m) + (begin - start), p, size_t(bytes));
   ::munmap(m, size_t(len));  // the pages stay dirty in the page cache, written back as pwrite's are
   return true;
 }

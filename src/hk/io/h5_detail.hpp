@@ -107,8 +107,7 @@ class RawRows {
 
  private:
   void write_range(uint64_t begin, uint64_t bytes, const char* p, int64_t b0, int64_t nb) const;
-  bool copy_mapped(uint64_t begin, uint64_t bytes, const char* p, int64_t b0, int64_t nb,
-                   const int32_t* lengths = nullptr) const;
+  bool copy_mapped(uint64_t begin, uint64_t bytes, const char* p, int64_t b0, int64_t nb) const;
 
   std::string file_, object_;
   int fd_ = -1;

@@ -157,7 +157,6 @@ ParallelOutputFile::~ParallelOutputFile() {
 const std::string& ParallelOutputFile::path() const { return impl_->path; }
 const std::string& ParallelOutputFile::temp_path() const { return impl_->temp; }
 bool ParallelOutputFile::committed() const { return impl_->committed; }
-bool ParallelOutputFile::prefers_prefixes() const { return impl_->mode == "mmap"; }
 
 void ParallelOutputFile::discard() noexcept {
   if (impl_ && !impl_->committed && !impl_->temp.empty()) ::unlink(impl_->temp.c_str());

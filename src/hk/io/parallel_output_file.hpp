@@ -43,12 +43,9 @@ class ParallelOutputFile {
   // same on every rank in parallel HDF5).
   void set_attribute(const std::string& name, const std::string& value);
   // Rows [b0, b0 + nb) of y from this rank; nb = 0 takes part in the collective write with no data.
-  // `lengths` (optional): as OutputFile::write, padded positions left unwritten (posix and mmap
-  // modes; the MPI-IO modes write whole rows).
+  // `lengths` (optional): as OutputFile::write, padded positions left unwritten (posix mode; the
+  // MPI-IO and mmap modes write whole rows).
   void write(int64_t b0, int64_t nb, const float* y, const int32_t* lengths = nullptr);
-  // Whether writing only the valid prefix of each row (write's `lengths`) is the faster way here:
-  // the mmap mode, whose copies of the prefixes need no system call per row.
-  bool prefers_prefixes() const;
   // Requires all B rows written (summed over the ranks); closes, syncs, and rank 0 renames the
   // file onto the final path. Every rank returns (or throws) after the rename.
   void commit();
