@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <thread>
 
@@ -262,6 +263,96 @@ TEST(InputFile, ProbeWalksUnfilteredStorageOnly) {
     io::InputFile in(deflated);
     EXPECT_FALSE(in.probe(0, 8));
     EXPECT_FALSE(in.probe(8, 8));
+  }
+}
+
+// read() on every storage of x gives the values written: the raw path (float32 in the host's
+// byte order, contiguous or chunked in whole rows, read with pread past HDF5) and HDF5's (chunks
+// that split a row, big-endian, float16, unwritten chunks that read as the fill value), for
+// slices that start and end inside chunks, single rows and the whole batch.
+TEST(InputFile, EveryStorageOfXReadsTheSameValues) {
+  ScratchDir dir;
+  const int B = 37, S = 5, D = 8;
+  const hsize_t dims[3] = {hsize_t(B), hsize_t(S), hsize_t(D)};
+  std::vector<float> x(size_t(B) * S * D);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 1013) - 500) * 0.125f;  // exact in float16 too
+  const std::vector<int32_t> len(size_t(B), S);
+  const std::vector<double> v(x.begin(), x.end());
+  struct Storage {
+    const char* what;
+    hid_t type;
+    std::vector<hsize_t> chunk;
+  };
+  const std::vector<Storage> storages = {
+      {"contiguous", H5T_IEEE_F32LE, {}},
+      {"chunks of 4 whole rows", H5T_IEEE_F32LE, {4, dims[1], dims[2]}},
+      {"chunks of 1 row", H5T_IEEE_F32LE, {1, dims[1], dims[2]}},
+      {"chunks splitting rows", H5T_IEEE_F32LE, {4, dims[1], 4}},
+      {"big-endian chunks of whole rows", H5T_IEEE_F32BE, {4, dims[1], dims[2]}},
+      {"big-endian contiguous", H5T_IEEE_F32BE, {}},
+      {"float16 chunks of whole rows", H5T_IEEE_F32LE, {}},
+  };
+  for (const Storage& st : storages) {
+    SCOPED_TRACE(st.what);
+    const std::string path = dir.path(std::string(st.what) + ".h5");
+    const bool half = std::string(st.what).rfind("float16", 0) == 0;
+    io::write_input(path, B, S, D, x.data(), len.data(), half ? io::DType::float16 : io::DType::float32);
+    if (!half) replace_dataset(path, "/input/x", st.type, {dims[0], dims[1], dims[2]}, v, st.chunk);
+    io::InputFile in(path);
+    for (const auto& [b0, nb] : std::vector<std::pair<int64_t, int64_t>>{{0, B}, {0, 1}, {3, 6}, {5, 30}, {36, 1}, {8, 4}}) {
+      std::vector<float> got(size_t(nb) * S * D, -99.0f);
+      std::vector<int32_t> got_len(size_t(nb), -1);
+      in.read(b0, nb, got.data(), got_len.data());
+      for (int64_t i = 0; i < nb * S * D; ++i)
+        ASSERT_EQ(got[size_t(i)], x[size_t(b0 * S * D + i)]) << "slice [" << b0 << ", " << b0 + nb << ") element " << i;
+      for (int64_t k = 0; k < nb; ++k) EXPECT_EQ(got_len[size_t(k)], S);
+    }
+  }
+  // Chunks of whole rows, some never written: those read as the fill value (0).
+  const std::string sparse = dir.path("sparse.h5");
+  io::write_input(sparse, B, S, D, x.data(), len.data());
+  replace_dataset(sparse, "/input/x", H5T_IEEE_F32LE, {dims[0], dims[1], dims[2]}, {}, {4, dims[1], dims[2]});
+  poke_float(sparse, "/input/x", hsize_t(9) * S * D + 7, 2.5f);  // allocates the chunk of rows 8..11 only
+  io::InputFile in(sparse);
+  std::vector<float> got(size_t(B) * S * D, -99.0f);
+  in.read(0, B, got.data(), nullptr);
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], i == size_t(9) * S * D + 7 ? 2.5f : 0.0f) << i;
+}
+
+// A slice large enough to be read and checked in parts on several threads: the error names the
+// first NaN/Inf of the slice, whichever part holds it, on the raw path (contiguous, chunks of
+// whole rows) and HDF5's; without one every element arrives.
+TEST(InputFile, ALargeSliceNamesItsFirstNonFiniteValue) {
+  ScratchDir dir;
+  const int B = 300, S = 128, D = 128;  // 4.9M elements: four parts
+  std::vector<float> x(size_t(B) * S * D);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i % 4093) * 0.5f;
+  const std::vector<int32_t> len(size_t(B), S);
+  const std::vector<double> v(x.begin(), x.end());
+  const hsize_t rows = 7;
+  for (const int layout : {0, 1, 2}) {  // contiguous, chunks of 7 whole rows, chunks splitting rows
+    SCOPED_TRACE(layout);
+    const std::string path = dir.path("big" + std::to_string(layout) + ".h5");
+    io::write_input(path, B, S, D, x.data(), len.data());
+    const std::vector<hsize_t> chunk = layout == 0   ? std::vector<hsize_t>{}
+                                       : layout == 1 ? std::vector<hsize_t>{rows, hsize_t(S), hsize_t(D)}
+                                                     : std::vector<hsize_t>{rows, hsize_t(S), hsize_t(D / 2)};
+    replace_dataset(path, "/input/x", H5T_IEEE_F32LE, {hsize_t(B), hsize_t(S), hsize_t(D)}, v, chunk);
+    {
+      io::InputFile in(path);
+      std::vector<float> got(x.size(), -1.0f);
+      in.read(0, B, got.data(), nullptr);
+      EXPECT_EQ(std::memcmp(got.data(), x.data(), x.size() * sizeof(float)), 0);
+    }
+    // Two non-finite values in different parts: the earlier one is named.
+    poke_float(path, "/input/x", hsize_t(250) * S * D + 3 * D + 1, std::numeric_limits<float>::quiet_NaN());
+    poke_float(path, "/input/x", hsize_t(160) * S * D + 2 * D + 5, -std::numeric_limits<float>::infinity());
+    io::InputFile in(path);
+    std::vector<float> got(x.size());
+    const std::string err = error_of([&] { in.read(0, B, got.data(), nullptr); });
+    EXPECT_NE(err.find("-Inf at [160, 2, 5]"), std::string::npos) << err;
+    const std::string later = error_of([&] { in.read(200, 100, got.data(), nullptr); });
+    EXPECT_NE(later.find("NaN at [250, 3, 1]"), std::string::npos) << later;
   }
 }
 

@@ -1,8 +1,14 @@
 #include "hk/io/input_file.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <future>
 #include <limits>
 #include <mutex>
 #include <vector>
@@ -17,6 +23,57 @@ using namespace detail;
 
 namespace {
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+// Consecutive rows [row, row + rows) of a slice (row 0 = its first sequence), stored from
+// `offset` on in the file.
+struct RawRun {
+  int64_t row, rows;
+  uint64_t offset;
+};
+
+// Reads the runs' rows into x ([nb, per_seq] floats, the slice of sequences [b0, b0 + nb)) with
+// pread, in up to four parts of rows on as many threads for a large slice, each part checked for
+// NaN/Inf right after it is read. Returns the index in x of the first non-finite element, or -1;
+// throws hk::Error for a failed or short read (the first part's error first).
+int64_t read_raw_rows(int fd, const std::string& path, int64_t b0, int64_t nb, int64_t per_seq,
+                      const std::vector<RawRun>& runs, float* x) {
+  const uint64_t row_bytes = uint64_t(per_seq) * sizeof(float);
+  const int parts = nb * per_seq >= (int64_t(1) << 22) ? 4 : 1;
+  const int64_t step = (nb + parts - 1) / parts;
+  const auto part = [&](int64_t r0, int64_t r1) -> int64_t {  // rows [r0, r1) of the slice
+    for (const RawRun& run : runs) {
+      const int64_t a = std::max(r0, run.row), e = std::min(r1, run.row + run.rows);
+      if (a >= e) continue;
+      char* dst = reinterpret_cast<char*>(x + a * per_seq);
+      uint64_t at = run.offset + uint64_t(a - run.row) * row_bytes, left = uint64_t(e - a) * row_bytes;
+      while (left > 0) {
+        const ssize_t got = ::pread(fd, dst, size_t(std::min<uint64_t>(left, uint64_t(1) << 30)), off_t(at));
+        const int err = errno;
+        if (got < 0 && err == EINTR) continue;
+        if (got <= 0)
+          fail(path, "/input/x", "expected readable data for sequences [" + std::to_string(b0) + ", " +
+                                     std::to_string(b0 + nb) + "), found " +
+                                     (got < 0 ? std::string("a read error (") + std::strerror(err) + ")"
+                                              : std::string("the file ending early")) +
+                                     " (truncated or damaged file?)");
+        dst += got;
+        at += uint64_t(got);
+        left -= uint64_t(got);
+      }
+    }
+    const int64_t i = first_nonfinite(x + r0 * per_seq, (r1 - r0) * per_seq);
+    return i < 0 ? -1 : r0 * per_seq + i;
+  };
+  std::vector<std::future<int64_t>> rest;  // joined by their destructors on every way out
+  for (int64_t r = step; r < nb; r += step) rest.push_back(std::async(std::launch::async, part, r, std::min(nb, r + step)));
+  const int64_t first = part(0, std::min(nb, step));
+  int64_t found = first;
+  for (auto& f : rest) {
+    const int64_t j = f.get();  // a part's read error comes out here, in part order
+    if (found < 0) found = j;
+  }
+  return found;
+}
 constexpr int64_t kLengthsBlock = int64_t(1) << 20;  // lengths validated in blocks: bounded memory
 }  // namespace
 
@@ -35,7 +92,19 @@ struct InputFile::Impl {
   hsize_t chunk[3] = {0, 0, 0};
   hsize_t file_bytes = 0;
   size_t elem_bytes = 4;
+  uint64_t contiguous_addr = 0;  // probe_kind 2: where x's bytes start
   void probe_layout();
+
+  // Raw reads of x (read()): float32 in the host's byte order, stored without filters, either
+  // contiguous or in chunks of whole rows ([k, S, D]), so that a slice is a few byte ranges of the
+  // file, read with pread by several threads past HDF5 (whose reads run on one thread under
+  // hk::io's lock) and checked by the same threads. 0: not decided yet; 1: raw; 2: HDF5.
+  int raw_state = 0;
+  int raw_fd = -1;
+  bool decide_raw();
+  ~Impl() {
+    if (raw_fd >= 0) ::close(raw_fd);
+  }
 
   void open(int expected_d);
   void validate_lengths();
@@ -123,8 +192,24 @@ void InputFile::Impl::probe_layout() {
       fail(path, "/input/x", "expected its data inside the file (" + std::to_string(file_bytes) +
                                  " bytes), found it at offset " + std::to_string(a) + " with " + std::to_string(n) +
                                  " bytes (damaged file?)");
+    contiguous_addr = uint64_t(a);
     probe_kind = 2;
   }
+}
+
+bool InputFile::Impl::decide_raw() {
+  if (raw_state != 0) return raw_state == 1;
+  raw_state = 2;
+  if (x_kind != FloatKind::f32) return false;
+  Handle type = type_handle(H5Dget_type(x.get()));
+  if (!type.valid() || H5Tequal(type.get(), H5T_NATIVE_FLOAT) <= 0) return false;  // another byte order
+  if (probe_kind < 0) probe_layout();
+  const bool whole_rows = probe_kind == 1 && chunk[1] == hsize_t(S) && chunk[2] == hsize_t(D);
+  if (probe_kind != 2 && !whole_rows) return false;
+  raw_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (raw_fd < 0) return false;
+  raw_state = 1;
+  return true;
 }
 
 bool InputFile::probe(int64_t b0, int64_t nb) {
@@ -201,20 +286,48 @@ void InputFile::read(int64_t b0, int64_t nb, float* x, int32_t* lengths) {
   std::vector<uint16_t>& half = m.half;
   half.resize(m.x_kind == FloatKind::f16 ? size_t(n) : 0);
   std::vector<int64_t> len(lengths && m.lengths.valid() ? size_t(nb) : 0);
+  std::vector<RawRun> runs;  // raw: the file offsets of the slice's rows
+  bool raw = false;
   {
     // HDF5 calls only under the lock: the conversions and checks below run beside another
     // thread's HDF5 calls (hk_forward's writer).
     std::lock_guard<std::recursive_mutex> lock(h5_mutex());
     init();
-    Handle fspace = select_rows(m.x.get(), m.x_dims, b0, nb, m.path, "/input/x");
-    // Same shape as the file selection: HDF5 then copies whole chunks instead of element runs.
-    Handle mspace = simple_space({nb, m.S, m.D}, m.path, "/input/x");
-    const herr_t st = m.x_kind == FloatKind::f16
-                          ? H5Dread(m.x.get(), half_type(), mspace.get(), fspace.get(), H5P_DEFAULT, half.data())
-                          : H5Dread(m.x.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), H5P_DEFAULT, x);
-    if (st < 0)
-      fail_h5(m.path, "/input/x", "expected readable data for sequences [" + std::to_string(b0) + ", " +
-                                      std::to_string(b0 + nb) + "), found a read error (truncated or damaged file?)");
+    const uint64_t row_bytes = uint64_t(per_seq) * sizeof(float);
+    if (m.decide_raw()) {
+      raw = true;
+      if (m.probe_kind == 2) {
+        runs.push_back({0, nb, m.contiguous_addr + uint64_t(b0) * row_bytes});
+      } else {
+        const int64_t k = int64_t(m.chunk[0]);
+        for (int64_t c = b0 / k; raw && c * k < b0 + nb; ++c) {
+          hsize_t at[3] = {hsize_t(c * k), 0, 0};
+          unsigned filters = 0;
+          haddr_t addr = HADDR_UNDEF;
+          hsize_t size = 0;
+          // An unwritten chunk (fill value) or anything unexpected: this slice through HDF5.
+          if (H5Dget_chunk_info_by_coord(m.x.get(), at, &filters, &addr, &size) < 0 || addr == HADDR_UNDEF ||
+              filters != 0 || size != hsize_t(k) * row_bytes || addr > m.file_bytes || size > m.file_bytes - addr) {
+            H5Eclear2(H5E_DEFAULT);
+            raw = false;
+            break;
+          }
+          const int64_t first = std::max(b0, c * k), last = std::min(b0 + nb, (c + 1) * k);
+          runs.push_back({first - b0, last - first, uint64_t(addr) + uint64_t(first - c * k) * row_bytes});
+        }
+      }
+    }
+    if (!raw) {
+      Handle fspace = select_rows(m.x.get(), m.x_dims, b0, nb, m.path, "/input/x");
+      // Same shape as the file selection: HDF5 then copies whole chunks instead of element runs.
+      Handle mspace = simple_space({nb, m.S, m.D}, m.path, "/input/x");
+      const herr_t st = m.x_kind == FloatKind::f16
+                            ? H5Dread(m.x.get(), half_type(), mspace.get(), fspace.get(), H5P_DEFAULT, half.data())
+                            : H5Dread(m.x.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), H5P_DEFAULT, x);
+      if (st < 0)
+        fail_h5(m.path, "/input/x", "expected readable data for sequences [" + std::to_string(b0) + ", " +
+                                        std::to_string(b0 + nb) + "), found a read error (truncated or damaged file?)");
+    }
     if (!len.empty()) {
       Handle lf = select_rows(m.lengths.get(), {m.B}, b0, nb, m.path, "/input/lengths");
       Handle lm = simple_space({nb}, m.path, "/input/lengths");
@@ -225,8 +338,10 @@ void InputFile::read(int64_t b0, int64_t nb, float* x, int32_t* lengths) {
   if (!half.empty())
     for (int64_t i = 0; i < n; ++i) x[i] = float(half_to_double(half[size_t(i)]));
   // Checked here, slice by slice, so that no backend ever sees a non-finite input (a large slice
-  // by several threads: the check sits on hk_forward's reader path).
-  const int64_t i = first_nonfinite_parallel(x, n);
+  // by several threads: the check sits on hk_forward's reader path; raw reads check each part
+  // right after reading it).
+  const int64_t i = raw ? read_raw_rows(m.raw_fd, m.path, b0, nb, per_seq, runs, x)
+                        : first_nonfinite_parallel(x, n);
   if (i >= 0) {
     const int64_t b = b0 + i / per_seq, s = (i / m.D) % m.S, d = i % m.D;
     fail(m.path, "/input/x", std::string("expected finite values, found ") +
