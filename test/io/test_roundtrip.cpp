@@ -290,7 +290,7 @@ TEST(InputFile, EveryStorageOfXReadsTheSameValues) {
       {"chunks splitting rows", H5T_IEEE_F32LE, {4, dims[1], 4}},
       {"big-endian chunks of whole rows", H5T_IEEE_F32BE, {4, dims[1], dims[2]}},
       {"big-endian contiguous", H5T_IEEE_F32BE, {}},
-      {"float16 chunks of whole rows", H5T_IEEE_F32LE, {}},
+      {"float16 (default chunks)", H5T_IEEE_F32LE, {}},
   };
   for (const Storage& st : storages) {
     SCOPED_TRACE(st.what);
@@ -317,6 +317,42 @@ TEST(InputFile, EveryStorageOfXReadsTheSameValues) {
   std::vector<float> got(size_t(B) * S * D, -99.0f);
   in.read(0, B, got.data(), nullptr);
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], i == size_t(9) * S * D + 7 ? 2.5f : 0.0f) << i;
+  std::vector<float> four(size_t(4) * S * D, -99.0f);  // the one written chunk alone
+  in.read(8, 4, four.data(), nullptr);
+  for (size_t i = 0; i < four.size(); ++i) ASSERT_EQ(four[i], i == size_t(1) * S * D + 7 ? 2.5f : 0.0f) << i;
+}
+
+// A file with a user block (512 bytes before the HDF5 data: every address shifted), x chunked in
+// whole rows, contiguous, and contiguous but never written (the fill value): the values written.
+TEST(InputFile, AUserBlockShiftsNothing) {
+  ScratchDir dir;
+  const int B = 11, S = 3, D = 4;
+  const hsize_t dims[3] = {hsize_t(B), hsize_t(S), hsize_t(D)};
+  std::vector<float> x(size_t(B) * S * D);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i) + 0.5f;
+  const std::vector<double> v(x.begin(), x.end());
+  const std::vector<int32_t> len(size_t(B), S);
+  for (const int layout : {0, 1, 2}) {  // chunks of 2 whole rows, contiguous, contiguous unwritten
+    SCOPED_TRACE(layout);
+    const std::string path = dir.path("ub" + std::to_string(layout) + ".h5");
+    {
+      const hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+      ASSERT_GE(H5Pset_userblock(fcpl, 512), 0);
+      const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl, H5P_DEFAULT);
+      ASSERT_GE(f, 0);
+      H5Fclose(f);
+      H5Pclose(fcpl);
+    }
+    io::write_input(path, B, S, D, x.data(), len.data(), io::DType::float32, io::WriteMode::append);
+    const std::vector<hsize_t> chunk = layout == 0 ? std::vector<hsize_t>{2, dims[1], dims[2]} : std::vector<hsize_t>{};
+    replace_dataset(path, "/input/x", H5T_IEEE_F32LE, {dims[0], dims[1], dims[2]},
+                    layout == 2 ? std::vector<double>{} : v, chunk);
+    io::InputFile in(path);
+    std::vector<float> got(size_t(5) * S * D, -99.0f);
+    in.read(3, 5, got.data(), nullptr);
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(got[i], layout == 2 ? 0.0f : x[size_t(3) * S * D + i]) << i;
+  }
 }
 
 // A slice large enough to be read and checked in parts on several threads: the error names the

@@ -1,6 +1,7 @@
 #include "hk/io/input_file.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <future>
 #include <limits>
 #include <mutex>
+#include <system_error>
 #include <vector>
 
 #include "hk/error.hpp"
@@ -64,12 +66,19 @@ int64_t read_raw_rows(int fd, const std::string& path, int64_t b0, int64_t nb, i
     const int64_t i = first_nonfinite(x + r0 * per_seq, (r1 - r0) * per_seq);
     return i < 0 ? -1 : r0 * per_seq + i;
   };
-  std::vector<std::future<int64_t>> rest;  // joined by their destructors on every way out
-  for (int64_t r = step; r < nb; r += step) rest.push_back(std::async(std::launch::async, part, r, std::min(nb, r + step)));
-  const int64_t first = part(0, std::min(nb, step));
-  int64_t found = first;
-  for (auto& f : rest) {
-    const int64_t j = f.get();  // a part's read error comes out here, in part order
+  const int64_t count = (nb + step - 1) / step;
+  std::vector<std::future<int64_t>> rest(static_cast<size_t>(count));  // joined by their destructors on every way out
+  for (int64_t q = 1; q < count; ++q) {
+    try {
+      rest[size_t(q)] = std::async(std::launch::async, part, q * step, std::min(nb, (q + 1) * step));
+    } catch (const std::system_error&) {
+      // No thread to be had: that part runs on this thread below.
+    }
+  }
+  int64_t found = part(0, std::min(nb, step));
+  for (int64_t q = 1; q < count; ++q) {
+    // A part's read error comes out here, in part order.
+    const int64_t j = rest[size_t(q)].valid() ? rest[size_t(q)].get() : part(q * step, std::min(nb, (q + 1) * step));
     if (found < 0) found = j;
   }
   return found;
@@ -203,11 +212,45 @@ bool InputFile::Impl::decide_raw() {
   if (x_kind != FloatKind::f32) return false;
   Handle type = type_handle(H5Dget_type(x.get()));
   if (!type.valid() || H5Tequal(type.get(), H5T_NATIVE_FLOAT) <= 0) return false;  // another byte order
-  if (probe_kind < 0) probe_layout();
+  // A user block shifts every address (and HDF5 before 1.14.4 reports chunk addresses without
+  // it); data in external files is not in this one: HDF5 reads those.
+  hsize_t user_block = 0;
+  Handle fcpl = plist_handle(H5Fget_create_plist(file.get()));
+  if (!fcpl.valid() || H5Pget_userblock(fcpl.get(), &user_block) < 0 || user_block != 0) return false;
+  Handle dcpl = plist_handle(H5Dget_create_plist(x.get()));
+  if (!dcpl.valid() || H5Pget_external_count(dcpl.get()) != 0) return false;
+  if (probe_kind < 0) {
+    try {
+      probe_layout();
+    } catch (const Error&) {
+      probe_kind = -1;  // HDF5's read reports the damage; probe() still finds it
+      H5Eclear2(H5E_DEFAULT);
+      return false;
+    }
+  }
   const bool whole_rows = probe_kind == 1 && chunk[1] == hsize_t(S) && chunk[2] == hsize_t(D);
-  if (probe_kind != 2 && !whole_rows) return false;
+  if (probe_kind == 2) {
+    H5D_space_status_t status = H5D_SPACE_STATUS_ERROR;
+    if (H5Dget_space_status(x.get(), &status) < 0 || status != H5D_SPACE_STATUS_ALLOCATED) return false;
+  } else if (!whole_rows) {
+    return false;
+  }
+  // The same file HDF5 has open (the name could have been replaced since), through the default
+  // driver whose handle is a descriptor.
+  Handle fapl = plist_handle(H5Fget_access_plist(file.get()));
+  void* handle = nullptr;
+  if (!fapl.valid() || H5Pget_driver(fapl.get()) != H5FD_SEC2 || H5Fget_vfd_handle(file.get(), fapl.get(), &handle) < 0 ||
+      !handle)
+    return false;
   raw_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (raw_fd < 0) return false;
+  struct stat a {}, b {};
+  if (::fstat(*static_cast<int*>(handle), &a) != 0 || ::fstat(raw_fd, &b) != 0 || a.st_dev != b.st_dev ||
+      a.st_ino != b.st_ino) {
+    ::close(raw_fd);
+    raw_fd = -1;
+    return false;
+  }
   raw_state = 1;
   return true;
 }
@@ -306,8 +349,10 @@ void InputFile::read(int64_t b0, int64_t nb, float* x, int32_t* lengths) {
           haddr_t addr = HADDR_UNDEF;
           hsize_t size = 0;
           // An unwritten chunk (fill value) or anything unexpected: this slice through HDF5.
-          if (H5Dget_chunk_info_by_coord(m.x.get(), at, &filters, &addr, &size) < 0 || addr == HADDR_UNDEF ||
-              filters != 0 || size != hsize_t(k) * row_bytes || addr > m.file_bytes || size > m.file_bytes - addr) {
+          hsize_t full = 0;
+          if (__builtin_mul_overflow(hsize_t(k), hsize_t(row_bytes), &full) ||
+              H5Dget_chunk_info_by_coord(m.x.get(), at, &filters, &addr, &size) < 0 || addr == HADDR_UNDEF ||
+              filters != 0 || size != full || addr > m.file_bytes || size > m.file_bytes - addr) {
             H5Eclear2(H5E_DEFAULT);
             raw = false;
             break;
