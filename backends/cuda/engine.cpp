@@ -232,8 +232,8 @@ Routes routes_from_environment() {
   if (!algo.empty() && algo != "auto") r.pins["gemm_algo"] = algo;
   const std::string qkv_gemm = knob_choice("HK_QKV_GEMM", {"auto", "cublaslt", "mma"});
   if (qkv_gemm == "cublaslt" || qkv_gemm == "mma") r.pins["qkv_gemm"] = qkv_gemm;
-  const std::string chains = knob_choice("HK_CHAINS", {"auto", "off", "persistent"});
-  if (chains == "off" || chains == "persistent") r.pins["chains"] = chains;
+  const std::string chains = knob_choice("HK_CHAINS", {"auto", "off", "persistent", "post_attn_qkv"});
+  if (!chains.empty() && chains != "auto") r.pins["chains"] = chains;
   const std::string pack = knob_choice("HK_PACK", {"auto", "0", "1"});
   if (pack == "0" || pack == "1") r.pins["pack"] = pack;
   const std::string libraries = knob_choice("HK_LIBRARIES", {"auto", "all", "own"});
@@ -322,6 +322,10 @@ struct Plan {
   std::vector<PostAttnConfig> post_attn_configs;
   size_t post_attn_config = 0;
   bool post_attn_decided = false;
+  // The chain that also runs the next layer's QKV projection (its own launch configurations).
+  std::vector<PostAttnConfig> post_attn_qkv_configs;
+  size_t post_attn_qkv_config = 0;
+  bool post_attn_qkv_decided = false;
 #endif
   size_t index_of(const Kernel<Ctx>* k) const { return size_t(k - table.data()); }
   // Whether the chosen kernels run a step of this kind as a kernel of its own (not in a chain).
@@ -414,6 +418,7 @@ struct CudaEngine::Impl {
   std::vector<PlannedKernel<Ctx>> replan_forcing(Plan& p, const Ctx& c, const std::map<std::string, int>& forced);
   void decide_chains_in_forward(Plan& p, const Ctx& c);
   int choose_segment(Plan& p, const tune::Segment<Ctx>& seg, const Ctx& c);
+  int pinned_option(const Plan& p, const tune::Segment<Ctx>& seg) const;
   void decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ctx& c);
   void decide_graph(Plan& p, cudaGraphExec_t g, const Ctx& c);
   void decide_whole_model(Plan& p, const Ctx& c);
@@ -1076,74 +1081,22 @@ void CudaEngine::Impl::build_table(Plan& p) {
 
   // ---- fused chains: candidates against the single kernels they replace ----------------------
   // Own kernels only: the post-attention chain is the only cover of its steps, tuned or not.
-  const bool chains = precision == Precision::fast && pin_chains != "off" && (routes.tune || own_only);
+  const bool chains =
+      precision == Precision::fast && pin_chains != "off" && (routes.tune || own_only || pin_chains == "post_attn_qkv");
   if (!chains) return;
 #if HK_CUDA_HAVE_POST_ATTN_FUSED
-  // out_proj .. next layer's ln1 (or .. final_ln in the last layer): one kernel per layer.
-  if (post_attn_fused_supports(cfg.d_model, cfg.ffn_dim)) {
-    Kernel<Ctx> k;
-    k.name = post_attn_fused_name(cfg.d_model, cfg.ffn_dim);
-    k.covers = [](const std::vector<Step>& st, size_t at, const Shape&) {
-      const int n = match_chain(st, at, {StepKind::out_proj, StepKind::ln2, StepKind::ffn_in, StepKind::ffn_out,
-                                         StepKind::ln1});
-      return n ? n
-               : match_chain(st, at, {StepKind::out_proj, StepKind::ln2, StepKind::ffn_in, StepKind::ffn_out,
-                                      StepKind::final_ln});
-    };
-    k.run = [E, P](Ctx& c, const Step* first, int count) {
-      const int l = first->layer;
-      const bool tail = first[count - 1].kind == StepKind::final_ln;
-      const DeviceLayerWeights& w = E->weights->layer(l);
-      PostAttnParams q;
-      q.o = static_cast<const __half*>(E->buf.o);
-      // Packed first layer (not the tail): the residual is read from the caller's padded input
-      // through row_dst (packed row -> input row), so the pack kernel need not copy it.
-      const bool gather = l == 0 && P->packed && !tail;
-      q.x_in = l == 0 && (!P->packed || gather) ? c.x : E->buf.x;
-      if (gather) q.x_rows = E->buf.row_dst;
-      q.x_out = E->buf.x;
-      q.w_o = static_cast<const __half*>(w.w_o);
-      q.b_o = w.b_o;
-      q.ln2_w = w.ln2_w;
-      q.ln2_b = w.ln2_b;
-      q.w_in = static_cast<const __half*>(w.w_in);
-      q.b_in = static_cast<const __half*>(w.b_in);
-      q.w_out = static_cast<const __half*>(w.w_out);
-      q.b_out = w.b_out;
-      if (tail) {
-        q.ln_next_w = E->weights->final_w();
-        q.ln_next_b = E->weights->final_b();
-        q.y = c.y;
-      } else {
-        q.ln_next_w = E->weights->layer(l + 1).ln1_w;
-        q.ln_next_b = E->weights->layer(l + 1).ln1_b;
-        q.h_out = static_cast<__half*>(E->buf.h);
-      }
-      q.lengths = c.lengths;
-      if (P->packed) q.row_dst = E->buf.row_dst;  // tail: scatter; padded rows already zero
-      q.S = E->S;
-      q.tail = tail;
-      q.rows = P->T;
-      q.D = E->cfg.d_model;
-      q.F = E->cfg.ffn_dim;
-      q.eps = E->eps;
-      if (P->post_attn_configs.empty()) {
-        post_attn_fused(q, c.stream);
-      } else {
-        post_attn_fused(q, c.stream, P->post_attn_configs[P->post_attn_config]);
-      }
-    };
-    // The tanh-form GELU only where the erf-form route could also be swapped for cuBLASLt's tanh
-    // epilogue: fast precision (chains run only there) and HK_GELU not pinned to erf.
-    p.post_attn_configs = post_attn_fused_candidates(cfg.d_model, cfg.ffn_dim, p.T, pin_gelu != "erf");
-    const size_t self_index = t.size();
-    // Its launch configuration (warps per CTA, o prefetch, column split) is its own measured decision, made
-    // once per plan on the first layer's chain (every layer has the same shape).
-    auto inner = [E, P, self_index](Ctx& c, const Step* first, int count) {
-      if (P->post_attn_decided || P->post_attn_configs.size() < 2) return;
-      P->post_attn_decided = true;
+  // The launch-configuration decision of a post-attention chain kernel (warps per CTA, o prefetch,
+  // column split), its own measured decision, made once per plan on the first layer's chain (every
+  // layer has the same shape). `list` / `chosen` / `decided` are the plan's fields of that kernel.
+  using ConfigList = std::vector<PostAttnConfig> Plan::*;
+  auto config_decision = [E, P](size_t self_index, ConfigList list, size_t Plan::*chosen, bool Plan::*decided,
+                                std::string key_id) {
+    return [E, P, self_index, list, chosen, decided, key_id](Ctx& c, const Step* first, int count) {
+      const std::vector<PostAttnConfig>& configs = P->*list;
+      if (P->*decided || configs.size() < 2) return;
+      P->*decided = true;
       std::vector<tune::Candidate> cands;
-      for (const PostAttnConfig& pc : P->post_attn_configs)
+      for (const PostAttnConfig& pc : configs)
         cands.push_back({"w" + std::to_string(pc.warps) + "p" + std::to_string(pc.prefetch) +
                              (pc.split > 0 ? "s" + std::to_string(pc.split) : std::string()) +
                              (pc.reg_weights ? "r" : "") + (pc.gelu_tanh ? "t" : ""),
@@ -1151,17 +1104,12 @@ void CudaEngine::Impl::build_table(Plan& p) {
                              (pc.prefetch < 0 ? "auto" : std::to_string(pc.prefetch)) +
                              (pc.split > 0 ? ", " + std::to_string(pc.split) + " warps per row block" : std::string()) +
                              (pc.reg_weights ? ", weights in registers" : "") + (pc.gelu_tanh ? ", tanh GELU" : "")});
-      // Its own key when no tanh-GELU entry is offered (HK_GELU=erf, or a kernel without one):
-      // a winner from a list without them must not stand for a list with them.
-      bool tanh_offered = false;
-      for (const PostAttnConfig& pc : P->post_attn_configs) tanh_offered = tanh_offered || pc.gelu_tanh != 0;
-      const tune::TuneKey key =
-          E->key(*P, tanh_offered ? "post_attn.config" : "post_attn.config.no_tanh", {"backends/cuda/post_attn_fused"});
+      const tune::TuneKey key = E->key(*P, key_id, {"backends/cuda/post_attn_fused"});
       const Kernel<Ctx>* self = &P->table[self_index];
       const size_t at = size_t(first - E->steps.data());
       const unsigned restore = restore_set(E->steps, at, count, P->packed);
-      unsigned live = 0;
-      for (int i = 0; i < count; ++i) live |= step_access(first[i], P->packed).writes;
+      // What later steps read: a chain keeps its inner buffers (h of ln2, f) on chip.
+      const unsigned live = live_outputs(E->steps, at, count, P->packed);
       const tune::ChooserOptions opt = E->chooser_options();
       char* snap = nullptr;
       char* ref = nullptr;
@@ -1174,13 +1122,13 @@ void CudaEngine::Impl::build_table(Plan& p) {
       tune::Probe probe;
       probe.run = [&](int i) {
         E->copy_set(*P, restore, c, snap, false);
-        P->post_attn_config = size_t(i);
+        P->*chosen = size_t(i);
         self->run(c, first, count);
       };
       probe.keep_reference = [&] { E->copy_set(*P, live, c, ref, true); };
       probe.difference = [&] { return E->diff_set(*P, live, c, ref); };
       probe.time = [&](int i) {
-        P->post_attn_config = size_t(i);
+        P->*chosen = size_t(i);
         return E->timer->time([&](cudaStream_t st) {
           Ctx cc = c;
           cc.stream = st;
@@ -1188,11 +1136,116 @@ void CudaEngine::Impl::build_table(Plan& p) {
         }, E->pin_graph != "0");
       };
       const tune::Decision d = E->chooser->decide(key, cands, probe, opt);
-      P->post_attn_config = size_t(d.chosen);
+      P->*chosen = size_t(d.chosen);
       if (snap) E->copy_set(*P, restore, c, snap, false);
       P->decisions.push_back(d);
     };
+  };
+  // The chain's parameters for the layer of `first` (`count` steps from out_proj): ending at the
+  // next layer's ln1 (h_out), at its qkv_proj (qkv_out; h stays on chip), or at final_ln (y).
+  auto chain_params = [E, P](const Ctx& c, const Step* first, int count) {
+    const int l = first->layer;
+    const StepKind last = first[count - 1].kind;
+    const bool tail = last == StepKind::final_ln;
+    const DeviceLayerWeights& w = E->weights->layer(l);
+    PostAttnParams q;
+    q.o = static_cast<const __half*>(E->buf.o);
+    // Packed first layer (not the tail): the residual is read from the caller's padded input
+    // through row_dst (packed row -> input row), so the pack kernel need not copy it.
+    const bool gather = l == 0 && P->packed && !tail;
+    q.x_in = l == 0 && (!P->packed || gather) ? c.x : E->buf.x;
+    if (gather) q.x_rows = E->buf.row_dst;
+    q.x_out = E->buf.x;
+    q.w_o = static_cast<const __half*>(w.w_o);
+    q.b_o = w.b_o;
+    q.ln2_w = w.ln2_w;
+    q.ln2_b = w.ln2_b;
+    q.w_in = static_cast<const __half*>(w.w_in);
+    q.b_in = static_cast<const __half*>(w.b_in);
+    q.w_out = static_cast<const __half*>(w.w_out);
+    q.b_out = w.b_out;
+    if (tail) {
+      q.ln_next_w = E->weights->final_w();
+      q.ln_next_b = E->weights->final_b();
+      q.y = c.y;
+    } else {
+      const DeviceLayerWeights& next = E->weights->layer(l + 1);
+      q.ln_next_w = next.ln1_w;
+      q.ln_next_b = next.ln1_b;
+      if (last == StepKind::qkv_proj) {
+        q.w_qkv = static_cast<const __half*>(next.w_qkv);
+        q.b_qkv = static_cast<const __half*>(next.b_qkv);
+        q.qkv_out = static_cast<__half*>(E->buf.qkv);
+      } else {
+        q.h_out = static_cast<__half*>(E->buf.h);
+      }
+    }
+    q.lengths = c.lengths;
+    if (P->packed) q.row_dst = E->buf.row_dst;  // tail: scatter; padded rows already zero
+    q.S = E->S;
+    q.tail = tail;
+    q.rows = P->T;
+    q.D = E->cfg.d_model;
+    q.F = E->cfg.ffn_dim;
+    q.eps = E->eps;
+    return q;
+  };
+  // out_proj .. next layer's ln1 .. its qkv_proj: the column-split chain with Wqkv resident (few
+  // rows, D = F = 64 or 128). A candidate after the chain below (the untuned default stays that
+  // one), first when pinned (HK_CHAINS=post_attn_qkv).
+  auto add_qkv_chain = [&] {
+    if (!post_attn_qkv_supports(cfg.d_model, cfg.ffn_dim)) {
+      p.chain_notes.push_back("post_attn_qkv: D " + std::to_string(cfg.d_model) + ", F " +
+                              std::to_string(cfg.ffn_dim) + " not supported (D = F = 64 or 128)");
+      return;
+    }
+    Kernel<Ctx> k;
+    k.name = post_attn_qkv_name(cfg.d_model, cfg.ffn_dim);
+    k.covers = [](const std::vector<Step>& st, size_t at, const Shape&) {
+      return match_chain(st, at, {StepKind::out_proj, StepKind::ln2, StepKind::ffn_in, StepKind::ffn_out,
+                                  StepKind::ln1, StepKind::qkv_proj});
+    };
+    k.run = [P, chain_params](Ctx& c, const Step* first, int count) {
+      post_attn_fused(chain_params(c, first, count), c.stream, P->post_attn_qkv_configs[P->post_attn_qkv_config]);
+    };
+    p.post_attn_qkv_configs = post_attn_qkv_candidates(cfg.d_model, cfg.ffn_dim, p.T);
+    const size_t self_index = t.size();
+    add(std::move(k), "post_attn_qkv", {"backends/cuda/post_attn_fused"},
+        config_decision(self_index, &Plan::post_attn_qkv_configs, &Plan::post_attn_qkv_config,
+                        &Plan::post_attn_qkv_decided, "post_attn_qkv.config"));
+  };
+  if (pin_chains == "post_attn_qkv") add_qkv_chain();
+  // out_proj .. next layer's ln1 (or .. final_ln in the last layer): one kernel per layer.
+  if (post_attn_fused_supports(cfg.d_model, cfg.ffn_dim)) {
+    Kernel<Ctx> k;
+    k.name = post_attn_fused_name(cfg.d_model, cfg.ffn_dim);
+    k.covers = [](const std::vector<Step>& st, size_t at, const Shape&) {
+      const int n = match_chain(st, at, {StepKind::out_proj, StepKind::ln2, StepKind::ffn_in, StepKind::ffn_out,
+                                         StepKind::ln1});
+      return n ? n
+               : match_chain(st, at, {StepKind::out_proj, StepKind::ln2, StepKind::ffn_in, StepKind::ffn_out,
+                                      StepKind::final_ln});
+    };
+    k.run = [P, chain_params](Ctx& c, const Step* first, int count) {
+      const PostAttnParams q = chain_params(c, first, count);
+      if (P->post_attn_configs.empty()) {
+        post_attn_fused(q, c.stream);
+      } else {
+        post_attn_fused(q, c.stream, P->post_attn_configs[P->post_attn_config]);
+      }
+    };
+    // The tanh-form GELU only where the erf-form route could also be swapped for cuBLASLt's tanh
+    // epilogue: fast precision (chains run only there) and HK_GELU not pinned to erf.
+    p.post_attn_configs = post_attn_fused_candidates(cfg.d_model, cfg.ffn_dim, p.T, pin_gelu != "erf");
+    const size_t self_index = t.size();
+    // Its own key when no tanh-GELU entry is offered (HK_GELU=erf, or a kernel without one):
+    // a winner from a list without them must not stand for a list with them.
+    bool tanh_offered = false;
+    for (const PostAttnConfig& pc : p.post_attn_configs) tanh_offered = tanh_offered || pc.gelu_tanh != 0;
+    auto inner = config_decision(self_index, &Plan::post_attn_configs, &Plan::post_attn_config,
+                                 &Plan::post_attn_decided, tanh_offered ? "post_attn.config" : "post_attn.config.no_tanh");
     add(std::move(k), "post_attn", {"backends/cuda/post_attn_fused"}, inner);
+    if (pin_chains != "post_attn_qkv") add_qkv_chain();
   } else {
     p.chain_notes.push_back("post_attn: D " + std::to_string(cfg.d_model) + ", F " + std::to_string(cfg.ffn_dim) +
                             " not supported");
@@ -1446,7 +1499,16 @@ void CudaEngine::Impl::run_inner(Plan& p, const PlannedKernel<Ctx>& k, Ctx& c) {
   if (m.inner) m.inner(c, &steps[k.first], k.count);
 }
 
+// HK_CHAINS=post_attn_qkv: the option of `seg` that starts with that chain, else -1.
+int CudaEngine::Impl::pinned_option(const Plan& p, const tune::Segment<Ctx>& seg) const {
+  if (pin_chains != "post_attn_qkv") return -1;
+  for (size_t i = 0; i < seg.options.size(); ++i)
+    if (p.meta[p.index_of(seg.options[i].kernels.front().kernel)].id == "post_attn_qkv") return int(i);
+  return -1;
+}
+
 int CudaEngine::Impl::choose_segment(Plan& p, const tune::Segment<Ctx>& seg, const Ctx& c0) {
+  if (const int pinned = pinned_option(p, seg); pinned >= 0) return pinned;
   Ctx c = c0;
   std::vector<tune::Candidate> cands;
   std::vector<std::string> sources;
@@ -1516,7 +1578,8 @@ void CudaEngine::Impl::finish_plan(Plan& p) const {
     for (const auto& k : p.kernels) {
       if (size_t(k.first) > i || size_t(k.first + k.count) <= i) continue;
       const bool tail = steps[size_t(k.first + k.count) - 1].kind == StepKind::final_ln;
-      p.pack_x = !(p.meta[p.index_of(k.kernel)].id == "post_attn" && !tail);
+      const std::string& id = p.meta[p.index_of(k.kernel)].id;
+      p.pack_x = !((id == "post_attn" || id == "post_attn_qkv") && !tail);
     }
   }
 }
@@ -1574,7 +1637,7 @@ void CudaEngine::Impl::decide_chains_in_forward(Plan& p, const Ctx& c) {
   std::vector<Label> labels;
   for (const auto& k : p.kernels) {
     const tune::Segment<Ctx> seg = tune::segment_options(steps, p.table, p.shape, size_t(k.first));
-    if (seg.count < 2 || seg.options.size() < 2) continue;
+    if (seg.count < 2 || seg.options.size() < 2 || pinned_option(p, seg) >= 0) continue;
     Label l;
     l.text = tune::segment_label(steps, seg.first, seg.count);
     bool seen = false;

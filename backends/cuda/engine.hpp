@@ -21,7 +21,7 @@
 //   HK_GELU=auto|erf|epilogue   pins ffn_in's GELU (epilogue: cuBLASLt's tanh form, fast only)
 //   HK_GEMM_LAYOUT=auto|nk|kn, HK_GEMM_ALGO=auto|0..7   pin GEMM layout / algorithm
 //   HK_QKV_GEMM=auto|cublaslt|mma   the QKV projection's GEMM: cuBLASLt or the own mma kernel
-//   HK_CHAINS=auto|off     fused chain kernels considered or not
+//   HK_CHAINS=auto|off|persistent|post_attn_qkv   fused chain kernels considered or not, or pinned
 //   HK_LIBRARIES=auto|all|own   own kernels only (no cuBLASLt, no cuDNN; the QKV GEMM the mma
 //                          kernel, the post-attention steps the fused chain, also untuned): pinned,
 //                          or under auto for a short job (EngineOptions::job_tokens, docs/KNOBS.md)
@@ -67,7 +67,7 @@ struct Routes {
   bool tune_remeasure = false; // HK_TUNE_REMEASURE
   // Further pins by decision family -> candidate id: "attention" (flash, flash.q64, flash.q16,
   // cudnn, materialized), "gelu" (erf, epilogue), "gemm_layout" (nk, kn), "gemm_algo" (0..7),
-  // "qkv_gemm" (cublaslt, mma), "chains" (off, persistent), "graph" (1, 0), "pack" (1, 0),
+  // "qkv_gemm" (cublaslt, mma), "chains" (off, persistent, post_attn_qkv), "graph" (1, 0), "pack" (1, 0),
   // "libraries" (all, own). The booleans above pin too.
   std::map<std::string, std::string> pins;
 };

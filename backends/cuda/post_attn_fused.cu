@@ -634,25 +634,29 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
 // before pdl_wait: no shared-memory weights, so the CTA needs ~14 KB of shared memory and can
 // start while the previous kernel still occupies the SM, its weight loads overlapping that
 // kernel (launch_pdl), and no CTA waits for 96 KB of staging before its first product.
-template <int DP, int FP, int W, bool kRegW = false>
+template <int DP, int FP, int W, bool kRegW = false, bool kQkv = false>
 struct SplitTile {
-  static constexpr int kNTW = DP / (8 * W);  // residual n8 tiles per warp
-  static constexpr int kNTF = FP / (8 * W);  // ffn n8 tiles per warp
-  static constexpr int kSA = DP + 8;         // o / h tile and [*, D] weight rows (halves)
-  static constexpr int kSF = FP + 8;         // f tile and Wf rows (halves)
-  static constexpr size_t kVecBytes = round_up(size_t(6 * DP + FP) * 4, 128);
+  static constexpr int kNTW = DP / (8 * W);      // residual n8 tiles per warp
+  static constexpr int kNTF = FP / (8 * W);      // ffn n8 tiles per warp
+  static constexpr int kNTQ = 3 * DP / (8 * W);  // kQkv: qkv n8 tiles per warp
+  static constexpr int kSA = DP + 8;             // o / h tile and [*, D] weight rows (halves)
+  static constexpr int kSF = FP + 8;             // f tile and Wf rows (halves)
+  static constexpr size_t kVecBytes = round_up(size_t(6 * DP + FP + (kQkv ? 3 * DP : 0)) * 4, 128);
   static constexpr size_t kWeightBytes =
-      kRegW ? 0 : round_up(2 * (size_t(DP) * kSA + size_t(FP) * kSA + size_t(DP) * kSF), 128);
+      round_up((kRegW ? 0 : 2 * (size_t(DP) * kSA + size_t(FP) * kSA + size_t(DP) * kSF)) +
+                   (kQkv ? 2 * size_t(3 * DP) * kSA : 0),
+               128);
   static constexpr size_t kStatBytes = size_t(W) * kWarpRows * 8;  // float2 (mean, M2) per warp and row
   static constexpr size_t kGroupBytes = round_up(2 * kWarpRows * (size_t(kSA) + kSF) + 2 * kStatBytes, 128);
   static_assert(kNTW >= 1 && kNTF >= 1 && DP % (8 * W) == 0 && FP % (8 * W) == 0, "whole n8 tiles per warp");
   static_assert(DP % 16 == 0 && FP % 16 == 0, "mma k16 steps");
+  static_assert(!kQkv || (DP == FP && 3 * DP % (8 * W) == 0), "kQkv: the next h in the f tile, whole qkv n8 tiles");
 };
 constexpr int kSplitMaxWarps = 16;  // launch bound: 512 threads, 128 registers
 
-template <int DP, int FP, int W, bool kRegW>
+template <int DP, int FP, int W, bool kRegW, bool kQkv = false>
 constexpr size_t split_smem_bytes(int groups) {
-  using T = SplitTile<DP, FP, W, kRegW>;
+  using T = SplitTile<DP, FP, W, kRegW, kQkv>;
   return T::kVecBytes + T::kWeightBytes + size_t(groups) * T::kGroupBytes;
 }
 
@@ -763,11 +767,15 @@ __device__ __forceinline__ void split_stats(const float (&acc)[NT][4], float2* s
   rstd[1] = rsqrtf(M1 / float(D) + eps);
 }
 
-template <int DP, int FP, int W, bool kRegW>
+// kQkv (non-tail, DP == FP): the next layer's QKV projection as a fourth product: the next
+// layer's h goes into the group's f tile (free once every warp's ffn_out has read it: the stats
+// barrier), then warp w computes qkv columns [w 3D/W, (w+1) 3D/W) from it with Wqkv resident in
+// shared memory; h_out is written only when given.
+template <int DP, int FP, int W, bool kRegW, bool kQkv = false>
 __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_attn_split_kernel(const PostAttnParams p) {
-  using T = SplitTile<DP, FP, W, kRegW>;
-  constexpr int NTW = T::kNTW, NTF = T::kNTF, SA = T::kSA, SF = T::kSF;
-  constexpr int CW = DP / W, FW = FP / W;  // residual / ffn columns per warp
+  using T = SplitTile<DP, FP, W, kRegW, kQkv>;
+  constexpr int NTW = T::kNTW, NTF = T::kNTF, NTQ = T::kNTQ, SA = T::kSA, SF = T::kSF;
+  constexpr int CW = DP / W, FW = FP / W, QW = 3 * DP / W;  // residual / ffn / qkv columns per warp
   constexpr int D = DP;
   constexpr int kGroupThreads = W * 32;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -795,10 +803,15 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
     v_lnb[i] = p.ln_next_b[i];
   }
   for (int i = tid; i < FP; i += int(blockDim.x)) v_bin[i] = __half2float(p.b_in[i]);
+  float* v_bq = v_bin + FP;  // kQkv: [3D]
+  if constexpr (kQkv) {
+    for (int i = tid; i < 3 * DP; i += int(blockDim.x)) v_bq[i] = __half2float(p.b_qkv[i]);
+  }
 
   const uint32_t s_wo = smem_u32(smem) + uint32_t(T::kVecBytes);
   const uint32_t s_wi = s_wo + uint32_t(DP * SA) * 2u;
   const uint32_t s_wf = s_wi + uint32_t(FP * SA) * 2u;
+  const uint32_t s_wq = kRegW ? s_wo : s_wf + uint32_t(DP * SF) * 2u;  // kQkv: [3D][SA]
   const uint32_t s_grp = smem_u32(smem) + uint32_t(T::kVecBytes + T::kWeightBytes + size_t(grp) * T::kGroupBytes);
   const uint32_t tile = s_grp;                                      // o, then h: [16][SA]
   const uint32_t ftile = tile + uint32_t(kWarpRows * SA) * 2u;      // f: [16][SF]
@@ -819,6 +832,7 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
     copy_panel<FP, DP, SA>(s_wi, p.w_in, D, FP, D, tid, int(blockDim.x));
     copy_panel<DP, FP, SF>(s_wf, p.w_out, FP, D, FP, tid, int(blockDim.x));
   }
+  if constexpr (kQkv) copy_panel<3 * DP, DP, SA>(s_wq, p.w_qkv, D, 3 * D, D, tid, int(blockDim.x));
   pdl_launch_dependents();
   pdl_wait();  // launch_pdl: vectors and weights are staged before the previous kernel ends
 
@@ -848,6 +862,7 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
   const uint32_t b_wo = s_wo + uint32_t((w * CW + b_row) * SA) * 2u + b_col;
   const uint32_t b_wi = s_wi + uint32_t((w * FW + b_row) * SA) * 2u + b_col;
   const uint32_t b_wf = s_wf + uint32_t((w * CW + b_row) * SF) * 2u + b_col;
+  const uint32_t b_wq = s_wq + uint32_t((w * QW + b_row) * SA) * 2u + b_col;
 
   // acc[NT][4] += bias (a [DP] / [FP] fp32 smem vector) at the warp's columns from col0.
   auto add_bias = [&](auto& acc, const float* bias, int col0) {
@@ -951,7 +966,48 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
     add_bias(acc, v_bout, w * CW);
     float mean[2], rstd[2];
     split_stats<NTW, W>(acc, stats2, w, g, t, bar, kGroupThreads, D, p.eps, mean, rstd);
-    if (!p.tail) {
+    if (kQkv) {
+      // x_out, the next h into the f tile (and h_out when given), then qkv = fp16(h Wqkv^T + bqkv).
+#pragma unroll
+      for (int j = 0; j < NTW; ++j) {
+        const int col = w * CW + 8 * j + 2 * t;
+        const float2 lw = *reinterpret_cast<const float2*>(v_lnw + col);
+        const float2 lb = *reinterpret_cast<const float2*>(v_lnb + col);
+        const uint32_t h0 =
+            pack_half2(ln(acc[j][0], mean, rstd, 0, lw.x, lb.x), ln(acc[j][1], mean, rstd, 0, lw.y, lb.y));
+        const uint32_t h1 =
+            pack_half2(ln(acc[j][2], mean, rstd, 1, lw.x, lb.x), ln(acc[j][3], mean, rstd, 1, lw.y, lb.y));
+        st_shared_u32(ftile + uint32_t(g * SF + col) * 2u, h0);
+        st_shared_u32(ftile + uint32_t((g + 8) * SF + col) * 2u, h1);
+        if (r0 < rows) {
+          *reinterpret_cast<float2*>(p.x_out + r0 * D + col) = make_float2(acc[j][0] + c0, acc[j][1] + c0);
+          if (p.h_out) *reinterpret_cast<uint32_t*>(p.h_out + r0 * D + col) = h0;
+        }
+        if (r1 < rows) {
+          *reinterpret_cast<float2*>(p.x_out + r1 * D + col) = make_float2(acc[j][2] + c1, acc[j][3] + c1);
+          if (p.h_out) *reinterpret_cast<uint32_t*>(p.h_out + r1 * D + col) = h1;
+        }
+      }
+      group_sync(bar, kGroupThreads);  // the next h complete
+      float qa[NTQ][4];
+#pragma unroll
+      for (int j = 0; j < NTQ; ++j) {
+        const float2 b = *reinterpret_cast<const float2*>(v_bq + w * QW + 8 * j + 2 * t);
+        qa[j][0] = b.x;
+        qa[j][1] = b.y;
+        qa[j][2] = b.x;
+        qa[j][3] = b.y;
+      }
+      mma_cols<NTQ, DP / 16, SA>(qa, ftile + af_lane, b_wq);
+#pragma unroll
+      for (int j = 0; j < NTQ; ++j) {
+        const int col = w * QW + 8 * j + 2 * t;
+        if (r0 < rows) *reinterpret_cast<__half2*>(p.qkv_out + r0 * 3 * D + col) = __floats2half2_rn(qa[j][0], qa[j][1]);
+        if (r1 < rows) *reinterpret_cast<__half2*>(p.qkv_out + r1 * 3 * D + col) = __floats2half2_rn(qa[j][2], qa[j][3]);
+      }
+      // The f tile is next written after this block's reads by every warp: the next block's
+      // first group barrier comes first.
+    } else if (!p.tail) {
 #pragma unroll
       for (int j = 0; j < NTW; ++j) {
         const int col = w * CW + 8 * j + 2 * t;
@@ -1146,10 +1202,10 @@ std::vector<PostAttnConfig> candidates(int64_t rows, bool tanh_gelu) {
 // ---- column-split kernel: launch layer ------------------------------------------------------------
 bool split_supported(int D, int F) { return (D == 64 && F == 64) || (D == 128 && F == 128); }
 
-template <int DP, int FP, int W, bool kRegW>
+template <int DP, int FP, int W, bool kRegW, bool kQkv = false>
 void raise_split_smem_limit() {
   static const bool done = [] {
-    HK_CUDA_CHECK(cudaFuncSetAttribute(post_attn_split_kernel<DP, FP, W, kRegW>,
+    HK_CUDA_CHECK(cudaFuncSetAttribute(post_attn_split_kernel<DP, FP, W, kRegW, kQkv>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, device_limits().smem_optin));
     return true;
   }();
@@ -1163,15 +1219,17 @@ void raise_split_smem_limits() {
   raise_split_smem_limit<DP, FP, 4, false>();
   raise_split_smem_limit<DP, FP, 8, false>();
   raise_split_smem_limit<DP, FP, 8, true>();
+  raise_split_smem_limit<DP, FP, 8, false, true>();
+  raise_split_smem_limit<DP, FP, 8, true, true>();
 }
 
-template <int DP, int FP, int W, bool kRegW>
+template <int DP, int FP, int W, bool kRegW, bool kQkv = false>
 Resolved resolve_split(const PostAttnConfig& cfg, int64_t rows, const DeviceLimits& lim) {
-  raise_split_smem_limit<DP, FP, W, kRegW>();
+  raise_split_smem_limit<DP, FP, W, kRegW, kQkv>();
   constexpr int kMaxGroups = kRegW ? 1 : kSplitMaxWarps / W;  // kRegW: 8 warps, up to 255 registers
   int groups = cfg.warps > 0 ? std::clamp(cfg.warps / W, 1, kMaxGroups) : std::min(2, kMaxGroups);
-  while (groups > 1 && split_smem_bytes<DP, FP, W, kRegW>(groups) > size_t(lim.smem_optin)) --groups;
-  if (split_smem_bytes<DP, FP, W, kRegW>(groups) > size_t(lim.smem_optin)) {
+  while (groups > 1 && split_smem_bytes<DP, FP, W, kRegW, kQkv>(groups) > size_t(lim.smem_optin)) --groups;
+  if (split_smem_bytes<DP, FP, W, kRegW, kQkv>(groups) > size_t(lim.smem_optin)) {
     throw std::invalid_argument("hk::post_attn[cuda.fused.split]: shared memory of this device too small");
   }
   Resolved r;
@@ -1179,8 +1237,8 @@ Resolved resolve_split(const PostAttnConfig& cfg, int64_t rows, const DeviceLimi
   r.nbuf = 1;
   r.exact = cfg.split == W && (cfg.warps <= 0 || cfg.warps == r.warps) && cfg.prefetch <= 0 &&
             (cfg.reg_weights != 0) == kRegW;
-  r.smem = split_smem_bytes<DP, FP, W, kRegW>(groups);
-  HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.occ, post_attn_split_kernel<DP, FP, W, kRegW>,
+  r.smem = split_smem_bytes<DP, FP, W, kRegW, kQkv>(groups);
+  HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.occ, post_attn_split_kernel<DP, FP, W, kRegW, kQkv>,
                                                               r.warps * 32, r.smem));
   if (r.occ < 1) throw std::invalid_argument("hk::post_attn[cuda.fused.split]: kernel does not fit on an SM");
   const int64_t blocks = (rows + kWarpRows - 1) / kWarpRows;
@@ -1197,8 +1255,19 @@ auto with_split_variant(const PostAttnConfig& cfg, Fn&& fn) {
   return fn(std::integral_constant<int, 4>{}, std::false_type{});
 }
 
+// The QKV-fused kernel exists for width 8 only (post_attn_qkv_candidates; validate() checks).
 template <int DP, int FP>
 void launch_split(const PostAttnParams& p, cudaStream_t stream, const PostAttnConfig& cfg) {
+  if (p.qkv_out) {
+    auto run = [&](auto rc) {
+      constexpr bool kRegW = decltype(rc)::value;
+      const Resolved r = resolve_split<DP, FP, 8, kRegW, true>(cfg, p.rows, device_limits());
+      launch_pdl(post_attn_split_kernel<DP, FP, 8, kRegW, true>, dim3(unsigned(r.grid)), dim3(unsigned(r.warps * 32)),
+                 r.smem, stream, p);
+      HK_CUDA_CHECK_LAUNCH();
+    };
+    return cfg.reg_weights != 0 ? run(std::true_type{}) : run(std::false_type{});
+  }
   with_split_variant(cfg, [&](auto wc, auto rc) {
     constexpr int W = decltype(wc)::value;
     constexpr bool kRegW = decltype(rc)::value;
@@ -1217,6 +1286,22 @@ PostAttnConfig effective_split(int64_t rows, const PostAttnConfig& cfg) {
     const Resolved r = resolve_split<DP, FP, W, kRegW>(cfg, rows, device_limits());
     return PostAttnConfig{r.warps, 0, W, kRegW ? 1 : 0};
   });
+}
+
+// The QKV-fused configurations that run exactly as given: 8 warps per row block with the chain's
+// weights in registers (Wqkv in shared memory), then all in shared memory with 1 and 2 row blocks
+// per CTA (2 only where the shared memory holds them: D = 64).
+template <int DP, int FP>
+std::vector<PostAttnConfig> qkv_candidates(int64_t rows) {
+  const DeviceLimits lim = device_limits();
+  std::vector<PostAttnConfig> out;
+  for (const PostAttnConfig& c : {PostAttnConfig{8, 0, 8, 1}, PostAttnConfig{8, 0, 8, 0}, PostAttnConfig{16, 0, 8, 0}}) {
+    if (split_smem_bytes<DP, FP, 8, false, true>(c.warps / 8) > size_t(lim.smem_optin)) continue;
+    const Resolved r = c.reg_weights ? resolve_split<DP, FP, 8, true, true>(c, rows, lim)
+                                     : resolve_split<DP, FP, 8, false, true>(c, rows, lim);
+    if (r.exact) out.push_back(c);
+  }
+  return out;
 }
 
 // The column-split candidates (post_attn_fused_candidates in the header): 8 warps per row block
@@ -1255,10 +1340,14 @@ void validate(const PostAttnParams& p) {
       !p.ln_next_w || !p.ln_next_b) {
     fail("null input pointer");
   }
-  if (p.tail ? !p.y : (!p.x_out || !p.h_out)) fail("null output pointer");
+  if (p.tail ? !p.y : (!p.x_out || (!p.h_out && !p.qkv_out))) fail("null output pointer");
   if (p.tail && !p.row_dst && p.S < 1) fail("S < 1 in the tail variant");
   if (p.tail && p.row_dst && static_cast<const void*>(p.y) == static_cast<const void*>(p.x_in)) {
     fail("y must not alias x_in with row_dst (rows move)");
+  }
+  if (p.qkv_out) {
+    if (p.tail || !p.w_qkv || !p.b_qkv) fail("qkv_out needs w_qkv, b_qkv and the non-tail chain");
+    if (!aligned(p.w_qkv, 16) || !aligned(p.qkv_out, 4)) fail("w_qkv must be 16-byte and qkv_out 4-byte aligned");
   }
   if (p.x_rows && (p.tail || static_cast<const void*>(p.x_out) == static_cast<const void*>(p.x_in))) {
     fail("x_rows (gathered residual) only outside the tail, with x_out another buffer than x_in");
@@ -1306,6 +1395,10 @@ bool post_attn_fused_supports(int D, int F) {
 
 void post_attn_fused(const PostAttnParams& p, cudaStream_t stream, const PostAttnConfig& config) {
   validate(p);
+  if (p.qkv_out && !(config.split >= 8 && split_supported(p.D, p.F))) {
+    throw std::invalid_argument(
+        "hk::post_attn[cuda.fused]: qkv_out needs the column-split kernel of width 8 (D = F = 64 or 128)");
+  }
   if (p.rows == 0) return;
   if (config.split > 0 && split_supported(p.D, p.F)) {
     return p.D == 64 ? launch_split<64, 64>(p, stream, config) : launch_split<128, 128>(p, stream, config);
@@ -1354,6 +1447,20 @@ std::vector<PostAttnConfig> post_attn_fused_candidates(int D, int F, int64_t row
     }
   }
   return out;
+}
+
+bool post_attn_qkv_supports(int D, int F) { return split_supported(D, F) && post_attn_fused_supports(D, F) &&
+                                                   !post_attn_qkv_candidates(D, F, 1).empty(); }
+
+std::vector<PostAttnConfig> post_attn_qkv_candidates(int D, int F, int64_t rows) {
+  if (!split_supported(D, F) || !post_attn_fused_supports(D, F)) return {};
+  rows = std::max<int64_t>(rows, 1);
+  return D == 64 ? qkv_candidates<64, 64>(rows) : qkv_candidates<128, 128>(rows);
+}
+
+const char* post_attn_qkv_name(int D, int F) {
+  if (!split_supported(D, F)) return "";
+  return D == 64 ? "hk::post_attn[cuda.fused.d64.qkv]" : "hk::post_attn[cuda.fused.d128.qkv]";
 }
 
 const char* post_attn_fused_name(int D, int F) {

@@ -51,6 +51,13 @@ struct PostAttnParams {
   // reads the caller's padded input through rownorm.cuh's row_dst instead of a packed copy).
   // Null: row r of x_in. Not allowed in the tail.
   const int32_t* x_rows = nullptr;
+  // Non-tail, column-split kernel of width 8 only (post_attn_qkv_candidates): the next layer's
+  // QKV projection as well, qkv_out = fp16(h Wqkv^T + bqkv) with h = LN(x_out; ln_next) rounded to
+  // fp16 as h_out holds it (fp32 accumulation, one rounding: cuBLASLt's fp16 bias epilogue).
+  // h_out is then optional (null: not written). Null qkv_out: the chain ends at h_out.
+  const __half* w_qkv = nullptr;  // [3D, D] (nn.Linear [out, in]), 16-byte aligned
+  const __half* b_qkv = nullptr;  // [3D]
+  __half* qkv_out = nullptr;      // [rows, 3D], 4-byte aligned
   bool tail = false;
   int64_t rows = 0;
   int D = 0;
@@ -131,6 +138,15 @@ PostAttnConfig post_attn_fused_effective(int D, int F, int64_t rows, const PostA
 //     row-per-warp entry above again as it runs (explicit warps and prefetch) with gelu_tanh = 1,
 //     before the column-split entries.
 std::vector<PostAttnConfig> post_attn_fused_candidates(int D, int F, int64_t rows, bool tanh_gelu = false);
+
+// The chain with the next layer's QKV projection (PostAttnParams::qkv_out): D = F = 64 or 128,
+// where Wqkv fits in shared memory next to the chain's tiles. Candidates run exactly as given, the
+// default first: {8 warps, split 8, weights in registers}, {8, split 8}, {16, split 8} (2 row
+// blocks per CTA where shared memory allows). Empty when unsupported.
+bool post_attn_qkv_supports(int D, int F);
+std::vector<PostAttnConfig> post_attn_qkv_candidates(int D, int F, int64_t rows);
+// "hk::post_attn[cuda.fused.d128.qkv]" / "...d64.qkv]"; "" if unsupported.
+const char* post_attn_qkv_name(int D, int F);
 
 // Profiler name of the kernel (D, F) runs on, e.g. "hk::post_attn[cuda.fused.d128]",
 // "hk::post_attn[cuda.fused.d256.stream]", "hk::post_attn[cuda.fused.pad128]"; "" if unsupported.

@@ -314,6 +314,11 @@ TEST(CudaRoutes, PackAndChainKnobs) {
   r = hk::cuda::routes_from_environment();
   EXPECT_EQ(r.pins.count("pack"), 0u);
   EXPECT_EQ(r.pins.count("chains"), 0u);
+  setenv("HK_CHAINS", "post_attn_qkv", 1);
+  EXPECT_EQ(hk::cuda::routes_from_environment().pins["chains"], "post_attn_qkv");
+  setenv("HK_CHAINS", "qkv", 1);
+  EXPECT_THROW(hk::cuda::routes_from_environment(), hk::Error);
+  unsetenv("HK_CHAINS");
   setenv("HK_PACK", "2", 1);
   EXPECT_THROW(hk::cuda::routes_from_environment(), hk::Error);
 }

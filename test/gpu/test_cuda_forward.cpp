@@ -584,6 +584,92 @@ TEST(CudaForward, PaddingFree) {
   EXPECT_EQ(failures, 0);
 }
 
+// ---- the post-attention chain with the next layer's QKV projection ------------------------------
+// HK_CHAINS=post_attn_qkv pins it (untuned): in the plan of every layer but the last where the
+// model has it (D = F = 64 or 128), dense and padding-free, within budget against the float64
+// reference with padded rows exactly 0; forward_device gives the host path's bits; a tuned engine
+// (the chain measured against the post-attention chain + QKV GEMM) within budget.
+int run_post_attn_qkv_case(const Case& c, const std::string& cache_dir) {
+  Table t(c);
+  std::printf("---- post_attn_qkv %s: B=%d S=%d D=%d H=%d F=%d L=%d %s\n", c.name.c_str(), c.B, c.S, c.D, c.H, c.F,
+              c.L, c.causal ? "causal" : "bidirectional");
+  const hk::ModelConfig cfg = config_of(c);
+  const uint64_t seed = uint64_t(c.B * 4241 + c.S * 31 + c.D * 5 + c.L);
+  Runner run{c, hk::synthetic_model(cfg, seed, c.nontrivial_ln), nullptr};
+  HK_TEST_CUDA(cudaStreamCreateWithFlags(&run.stream, cudaStreamNonBlocking));
+  const size_t n = size_t(c.B) * c.S * c.D;
+  const std::vector<float> x1 = hk::synthetic_input(c.B, c.S, c.D, seed);
+  std::vector<int32_t> lengths = make_lengths(c, seed);
+  if (lengths.empty()) lengths.assign(size_t(c.B), c.S);
+  int64_t tokens = 0;
+  for (int32_t l : lengths) tokens += l;
+  const std::vector<double> ref =
+      hk::test::naive_forward(run.model, std::vector<double>(x1.begin(), x1.end()), c.B, c.S, lengths);
+  auto padded_rows_zero = [&](const std::vector<float>& y) {
+    for (int b = 0; b < c.B; ++b)
+      for (int s = lengths[size_t(b)]; s < c.S; ++s)
+        for (int d = 0; d < c.D; ++d)
+          if (std::memcmp(&y[(size_t(b) * c.S + s) * c.D + d], "\0\0\0\0", 4) != 0) return false;
+    return true;
+  };
+  // Occurrences of the chain in the plan: one per layer but the last.
+  auto chain_count = [](const std::string& plan) {
+    int k = 0;
+    for (size_t at = plan.find(".qkv]"); at != std::string::npos; at = plan.find(".qkv]", at + 1)) ++k;
+    return k;
+  };
+  DevBuf xd(n * 4), yd(n * 4), ld(size_t(c.B) * 4 + 4);
+  xd.upload(x1);
+  ld.upload(lengths);
+  try {
+    for (const char* pack : {"0", "1"}) {
+      Routes r;
+      r.pins["chains"] = "post_attn_qkv";
+      r.pins["pack"] = pack;
+      const std::string tag = std::string(pack[0] == '1' ? "packed" : "dense");
+      auto e = run.engine(Precision::fast, r);
+      const std::string plan = e->explain(c.B);
+      const int chains = chain_count(plan);
+      std::vector<float> yh(n, NAN);
+      e->forward(x1.data(), lengths.data(), c.B, yh.data());
+      const double ratio = hk::test::budget_ratio(yh.data(), ref);
+      t.row(tag + "/host", "ratio " + fmt("%.3g", ratio),
+            ratio <= 1.0 && padded_rows_zero(yh) && chains == c.L - 1,
+            "chain in " + std::to_string(chains) + " of " + std::to_string(c.L - 1) + " layers");
+      yd.poison();
+      e->forward_device(xd.get<float>(), ld.get<int32_t>(), c.B, yd.get<float>(), run.stream, tokens);
+      HK_TEST_CUDA(cudaStreamSynchronize(run.stream));
+      t.row(tag + "/device", "== host bits", same_bits(yd.download<float>(n), yh));
+    }
+    Routes tuned;
+    tuned.tune = true;
+    tuned.tune_cache_dir = cache_dir;
+    auto et = run.engine(Precision::fast, tuned);
+    std::vector<float> yt(n, NAN);
+    et->forward(x1.data(), lengths.data(), c.B, yt.data());
+    const double rt = hk::test::budget_ratio(yt.data(), ref);
+    t.row("tuned", "ratio " + fmt("%.3g", rt), rt <= 1.0 && padded_rows_zero(yt));
+    t.info("tuned plan", chain_count(et->explain(c.B)) > 0 ? "chain with QKV" : "without it");
+  } catch (const hk::Error& err) {
+    t.row("post_attn_qkv", "threw", false, err.what());
+  }
+  cudaStreamDestroy(run.stream);
+  return t.failures();
+}
+
+TEST(CudaForward, PostAttentionChainWithQkv) {
+  header();
+  int failures = 0;
+  const std::string dir = temp_dir();
+  const std::vector<Case> spec = spec_cases();
+  for (int id : {1, 2, 4, 7, 9, 10}) failures += run_post_attn_qkv_case(spec[size_t(id - 1)], dir);
+  failures += run_post_attn_qkv_case({"S=7 D=64 H=8 F=64 L=3", 5, 7, 64, 8, 64, 3, true, true, Lens::edge}, dir);
+  failures += run_post_attn_qkv_case({"S=100 D=128 H=2 F=128 L=2", 3, 100, 128, 2, 128, 2, false, true, Lens::edge}, dir);
+  failures += run_post_attn_qkv_case({"S=33 D=64 H=4 F=64 L=2 all S", 4, 33, 64, 4, 64, 2, true, false, Lens::full}, dir);
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(failures, 0);
+}
+
 // ---- the whole-model kernel and in-place forwards ----------------------------------------------
 // HK_CHAINS=persistent pins the whole-model kernel where the model is within its limits: within
 // budget, padded rows 0; a tuned engine (the kernel measured against the per-layer plan) within

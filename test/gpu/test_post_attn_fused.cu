@@ -868,6 +868,183 @@ double measure_copy_gbs() {
 
 }  // namespace
 
+// ---- the chain with the next layer's QKV projection (PostAttnParams::qkv_out) -----------------------
+struct QkvCase {
+  int D = 128;
+  int64_t rows = 64;
+  PostAttnConfig cfg{8, 0, 8, 1};
+  bool with_h = true;  // h_out given too (else null: not written)
+  bool alias = false;  // x_out == x_in
+  bool gather = false; // residual through x_rows (reversed rows, every 11th -1 = zeros)
+  bool graph = false;
+  int64_t sample = 0;
+};
+
+struct QkvOutcome {
+  long bad_x = 0, bad_h = 0, bad_qkv = 0, bad_qkv_own = 0, unwritten = 0, guard = 0;
+  double ratio = 0, own_ratio = 0;
+  std::string error;
+  bool ok() const {
+    return error.empty() && bad_x == 0 && bad_h == 0 && bad_qkv == 0 && bad_qkv_own == 0 && unwritten == 0 && guard == 0;
+  }
+};
+
+// qkv against (a) the float64 chain, then h rounded to fp16, times Wqkv^T + bqkv, within the
+// MODEL.md budget max(2e-3, 0.02 |ref|); (b) with h_out, the product of the kernel's own h_out rows
+// in float64: fp32 accumulation and one fp16 rounding, |err| <= 2^-10 |ref| + 1e-4. x_out within
+// 1e-3, h_out as the chain's h; every qkv element of the rows written, 16 guard rows untouched.
+QkvOutcome run_qkv_case(const QkvCase& c, uint64_t seed) {
+  QkvOutcome out;
+  std::mt19937_64 rng(seed);
+  const int D = c.D, F = c.D, N = 3 * c.D;
+  const int64_t rows = c.rows, alloc = rows + kGuardRows;
+  const Model m = make_model(D, F, rng);
+  const DevModel dm(m);
+  std::vector<__half> wq(size_t(N) * D), bq(size_t(N));
+  const double ad = 1.0 / std::sqrt(double(D));
+  std::uniform_real_distribution<double> uq(-ad, ad);
+  for (auto& v : wq) v = __double2half(uq(rng));
+  for (auto& v : bq) v = __double2half(uq(rng));
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::vector<__half> o(size_t(alloc) * D);
+  std::vector<float> x(size_t(alloc) * D);
+  for (int64_t r = 0; r < alloc; ++r) {
+    for (int k = 0; k < D; ++k) {
+      o[size_t(r) * D + k] = r < rows ? __double2half(0.5 * nd(rng)) : __float2half(std::nanf(""));
+      x[size_t(r) * D + k] = r < rows ? float(nd(rng)) : std::nanf("");
+    }
+  }
+  // Gathered: chain row r reads source row rows - 1 - r (or zeros every 11th row).
+  std::vector<int32_t> x_rows;
+  std::vector<float> x_src;
+  if (c.gather) {
+    x_rows.resize(size_t(rows));
+    x_src.assign(size_t(rows) * D, std::nanf(""));
+    for (int64_t r = 0; r < rows; ++r) {
+      x_rows[size_t(r)] = r % 11 == 3 ? -1 : int32_t(rows - 1 - r);
+      for (int k = 0; k < D; ++k) {
+        float& v = x[size_t(r) * D + k];
+        if (x_rows[size_t(r)] < 0) v = 0.f;
+        else x_src[size_t(x_rows[size_t(r)]) * D + k] = v;
+      }
+    }
+  }
+  Dev<__half> d_o(o.size()), d_wq(wq.size()), d_bq(bq.size()), d_h(size_t(alloc) * D), d_qkv(size_t(alloc) * N);
+  Dev<float> d_x(x.size()), d_xo(x.size()), d_src(x_src.size());
+  Dev<int32_t> d_rows(x_rows.size());
+  d_o.up(o);
+  d_x.up(x);
+  d_wq.up(wq);
+  d_bq.up(bq);
+  if (c.gather) {
+    d_src.up(x_src);
+    d_rows.up(x_rows);
+  }
+  d_xo.poison();
+  d_h.poison();
+  d_qkv.poison();
+  if (c.alias) {
+    CHECK_CUDA(cudaMemset(d_x.p + size_t(rows) * D, kPoison, size_t(kGuardRows) * D * sizeof(float)));
+    CHECK_CUDA(cudaDeviceSynchronize());
+  }
+  PostAttnParams p = dm.params(m);
+  p.o = d_o.p;
+  p.x_in = c.gather ? d_src.p : d_x.p;
+  p.x_rows = c.gather ? d_rows.p : nullptr;
+  p.x_out = c.alias ? d_x.p : d_xo.p;
+  p.h_out = c.with_h ? d_h.p : nullptr;
+  p.w_qkv = d_wq.p;
+  p.b_qkv = d_bq.p;
+  p.qkv_out = d_qkv.p;
+  p.rows = rows;
+  try {
+    cudaStream_t s;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    if (c.graph) {
+      cudaGraph_t g;
+      cudaGraphExec_t ge;
+      CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      hk::cuda::post_attn_fused(p, s, c.cfg);
+      CHECK_CUDA(cudaStreamEndCapture(s, &g));
+      CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
+      CHECK_CUDA(cudaGraphLaunch(ge, s));
+      CHECK_CUDA(cudaStreamSynchronize(s));
+      CHECK_CUDA(cudaGraphExecDestroy(ge));
+      CHECK_CUDA(cudaGraphDestroy(g));
+    } else {
+      hk::cuda::post_attn_fused(p, s, c.cfg);
+    }
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    CHECK_CUDA(cudaStreamDestroy(s));
+  } catch (const std::exception& e) {
+    out.error = e.what();
+    return out;
+  }
+  CHECK_CUDA(cudaGetLastError());
+  const std::vector<float> xo = c.alias ? d_x.down() : d_xo.down();
+  const std::vector<__half> h = d_h.down(), qkv = d_qkv.down();
+
+  std::vector<int64_t> check;
+  if (c.sample > 0 && c.sample < rows) {
+    std::uniform_int_distribution<int64_t> ur(0, rows - 1);
+    for (int64_t r = 0; r < c.sample / 4; ++r) check.push_back(r);
+    for (int64_t r = rows - c.sample / 4; r < rows; ++r) check.push_back(r);
+    while (int64_t(check.size()) < c.sample) check.push_back(ur(rng));
+  } else {
+    for (int64_t r = 0; r < rows; ++r) check.push_back(r);
+  }
+  std::vector<double> rx, rln, h16(size_t(D));
+  for (const int64_t r : check) {
+    reference_row(m, &o[size_t(r) * D], &x[size_t(r) * D], 1e-5, rx, rln);
+    for (int k = 0; k < D; ++k) {
+      const size_t i = size_t(r) * D + size_t(k);
+      if (poison_f32(xo[i])) ++out.unwritten;
+      else if (!(std::fabs(double(xo[i]) - rx[size_t(k)]) <= 1e-3)) ++out.bad_x;
+      h16[size_t(k)] = round_f16(rln[size_t(k)]);
+      if (c.with_h) {
+        if (poison_f16(h[i])) {
+          ++out.unwritten;
+        } else if (!(std::fabs(h2d(h[i]) - rln[size_t(k)]) <= std::max(2e-3, 0.02 * std::fabs(rln[size_t(k)])))) {
+          ++out.bad_h;
+        }
+      }
+    }
+    for (int n = 0; n < N; ++n) {
+      const __half got_h = qkv[size_t(r) * N + size_t(n)];
+      if (poison_f16(got_h)) {
+        ++out.unwritten;
+        continue;
+      }
+      const double got = h2d(got_h);
+      double ref = h2d(bq[size_t(n)]), own = h2d(bq[size_t(n)]);
+      for (int k = 0; k < D; ++k) {
+        const double w = h2d(wq[size_t(n) * D + size_t(k)]);
+        ref += h16[size_t(k)] * w;
+        if (c.with_h) own += h2d(h[size_t(r) * D + size_t(k)]) * w;
+      }
+      const double tol = std::max(2e-3, 0.02 * std::fabs(ref)), e = std::fabs(got - ref);
+      if (!(e <= tol)) ++out.bad_qkv;
+      out.ratio = std::max(out.ratio, std::isfinite(e) ? e / tol : 1e30);
+      if (c.with_h) {
+        const double otol = std::ldexp(std::fabs(own), -10) + 1e-4, oe = std::fabs(got - own);
+        if (!(oe <= otol)) ++out.bad_qkv_own;
+        out.own_ratio = std::max(out.own_ratio, std::isfinite(oe) ? oe / otol : 1e30);
+      }
+    }
+  }
+  for (size_t i = size_t(rows) * N; i < size_t(alloc) * N; ++i)
+    if (!poison_f16(qkv[i])) ++out.guard;
+  for (size_t i = size_t(rows) * D; i < size_t(alloc) * D; ++i) {
+    if (!poison_f32(xo[i])) ++out.guard;
+    if (!poison_f16(h[i])) ++out.guard;  // also: h_out null writes nothing at all
+  }
+  if (!c.with_h) {
+    for (size_t i = 0; i < size_t(rows) * D; ++i)
+      if (!poison_f16(h[i])) ++out.guard;
+  }
+  return out;
+}
+
 int main() {
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -1189,6 +1366,84 @@ int main() {
     CHECK_CUDA(cudaDeviceSynchronize());
     std::printf("%-4d x_rows: refused in the tail and with x_out == x_in, accepted otherwise: %s\n", n,
                 ok ? "PASS" : "FAIL");
+    failures += ok ? 0 : 1;
+    ++n;
+  }
+  // The chain with the next layer's QKV projection: every candidate configuration, row counts
+  // around the 16-row block and the persistent loop, h_out given or not, aliasing, gathered
+  // residual, graph capture, D = 64 and 128.
+  for (const int D : {128, 64}) {
+    if (!hk::cuda::post_attn_qkv_supports(D, D)) {
+      std::printf("%-4d post_attn_qkv D=%d: not supported on this device: FAIL\n", n, D);
+      ++failures;
+      ++n;
+      continue;
+    }
+    for (const int64_t rows : {int64_t(1), int64_t(7), int64_t(16), int64_t(47), int64_t(128), int64_t(1000),
+                               int64_t(4352), int64_t(60001)}) {
+      const std::vector<PostAttnConfig> cands = hk::cuda::post_attn_qkv_candidates(D, D, rows);
+      for (size_t ci = 0; ci < cands.size(); ++ci) {
+        QkvCase c;
+        c.D = D;
+        c.rows = rows;
+        c.cfg = cands[ci];
+        c.with_h = (rows + int64_t(ci)) % 2 == 0;
+        c.alias = rows == 47 || rows == 60001;
+        c.gather = rows == 128 || rows == 4352;
+        c.graph = rows == 1000;
+        c.sample = rows > 5000 ? 1024 : 0;
+        const QkvOutcome r = run_qkv_case(c, 7000 + uint64_t(n));
+        std::printf("%-4d post_attn_qkv D=%-3d rows=%-6lld %-10s h_out=%d alias=%d gather=%d graph=%d  "
+                    "qkv ratio %.3f own %.3f  bad x/h/qkv/own %ld/%ld/%ld/%ld unwritten %ld guard %ld %s: %s\n",
+                    n, D, (long long)rows, cfg_name(c.cfg).c_str(), int(c.with_h), int(c.alias), int(c.gather),
+                    int(c.graph), r.ratio, r.own_ratio, r.bad_x, r.bad_h, r.bad_qkv, r.bad_qkv_own, r.unwritten,
+                    r.guard, r.error.c_str(), r.ok() ? "PASS" : "FAIL");
+        failures += r.ok() ? 0 : 1;
+        ++n;
+      }
+      if (cands.empty()) {
+        std::printf("%-4d post_attn_qkv D=%d rows=%lld: no candidate: FAIL\n", n, D, (long long)rows);
+        ++failures;
+        ++n;
+      }
+    }
+  }
+  // qkv_out is refused outside the width-8 column-split kernel, in the tail and without Wqkv.
+  {
+    const int D = 128;
+    std::mt19937_64 rng(11);
+    const Model m = make_model(D, D, rng);
+    const DevModel dm(m);
+    Dev<__half> o(size_t(16) * D), qkv(size_t(16) * 3 * D), wq(size_t(3) * D * D), bq(size_t(3) * D);
+    Dev<float> x(size_t(16) * D), x2(size_t(16) * D);
+    PostAttnParams p = dm.params(m);
+    p.o = o.p;
+    p.x_in = x.p;
+    p.x_out = x2.p;
+    p.qkv_out = qkv.p;
+    p.w_qkv = wq.p;
+    p.b_qkv = bq.p;
+    p.rows = 16;
+    auto refused = [&](const PostAttnParams& q, const PostAttnConfig& cfg) {
+      try {
+        hk::cuda::post_attn_fused(q, nullptr, cfg);
+      } catch (const std::invalid_argument&) {
+        return true;
+      }
+      return false;
+    };
+    PostAttnParams no_w = p;
+    no_w.w_qkv = nullptr;
+    PostAttnParams tail = p;
+    tail.tail = true;
+    tail.y = x2.p;
+    const bool ok = refused(p, PostAttnConfig{}) && refused(p, PostAttnConfig{8, 0, 4}) &&
+                    refused(no_w, PostAttnConfig{8, 0, 8}) && refused(tail, PostAttnConfig{8, 0, 8}) &&
+                    !hk::cuda::post_attn_qkv_supports(256, 256) && !hk::cuda::post_attn_qkv_supports(96, 160);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::printf("%-4d qkv_out: refused with the row-per-warp and width-4 kernels, without w_qkv, in the tail; "
+                "D=256, D=96/F=160 unsupported: %s\n",
+                n, ok ? "PASS" : "FAIL");
     failures += ok ? 0 : 1;
     ++n;
   }

@@ -41,11 +41,13 @@ const std::vector<Knob>& knobs() {
        "QKV projection GEMM (fast precision, D a multiple of 32 up to 256): cublaslt = cuBLASLt (the untuned "
        "default), mma = the own mma.sync kernel launched with programmatic dependent launch (its tile width "
        "measured when tuning). auto: measured beside cuBLASLt's algorithms."},
-      {"HK_CHAINS", "auto|off|persistent", "auto", "cuda",
+      {"HK_CHAINS", "auto|off|persistent|post_attn_qkv", "auto", "cuda",
        "Fused chain kernels (several steps in one kernel). off: single-step kernels only. auto: a chain is kept "
        "where it measures faster than the kernels it replaces (untuned: the table's first kernel), and the "
        "whole-model persistent kernel (D, F <= 128, S <= 128) where it measures faster than the chosen "
-       "per-layer plan. persistent: the whole-model kernel wherever the model is within its limits."},
+       "per-layer plan. persistent: the whole-model kernel wherever the model is within its limits. "
+       "post_attn_qkv: the post-attention chain that also runs the next layer's QKV projection (fast precision, "
+       "D = F = 64 or 128) wherever it applies, tuned or not."},
       {"HK_LIBRARIES", "auto|all|own", "auto", "cuda",
        "Vendor libraries as routes (fast precision). all: cuBLASLt GEMMs (and cuDNN attention where tuning may "
        "pick it) are candidates or defaults as described above. own: hk's own kernels only (the mma QKV "
