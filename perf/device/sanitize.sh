@@ -8,6 +8,7 @@
 #   flash, flash.q16, flash.q64, flash.k2, flash.k4, cudnn   HK_ATTENTION pinned (HK_TUNE=0)
 #   epilogue     HK_GELU=epilogue (HK_TUNE=0)
 #   chains-off   HK_CHAINS=off with HK_TUNE=1: the tuned plan of single-step kernels
+#   post_attn_qkv, post_attn_qkv-pack1   HK_CHAINS=post_attn_qkv (HK_TUNE=0), dense and HK_PACK=1 (D = F = 128 input)
 #   graph0       HK_GRAPH=0: eager launches
 #   pack1, pack1-tune1   HK_PACK=1: padding-free (packed) forward, untuned and tuned
 #   fp32, fp32-tune1     --precision fp32
@@ -116,6 +117,9 @@ route_env[pack1]="HK_TUNE=0 HK_PACK=1";                            route_opt[pac
 route_env[pack1-tune1]="HK_TUNE=1 HK_TUNE_CACHE=off HK_TUNE_VERBOSE=1 HK_PACK=1"
 route_opt[pack1-tune1]="--precision fast"
 route_env[persistent]="HK_TUNE=0 HK_CHAINS=persistent";             route_opt[persistent]="--precision fast"
+route_env[post_attn_qkv]="HK_TUNE=0 HK_CHAINS=post_attn_qkv";       route_opt[post_attn_qkv]="--precision fast"
+route_env[post_attn_qkv-pack1]="HK_TUNE=0 HK_CHAINS=post_attn_qkv HK_PACK=1"
+route_opt[post_attn_qkv-pack1]="--precision fast"
 route_env[materialized]="HK_TUNE=0 HK_ATTENTION=materialized";       route_opt[materialized]="--precision fast"
 route_env[fp32]="HK_TUNE=0";                                       route_opt[fp32]="--precision fp32"
 route_env[fp32-tune1]="HK_TUNE=1 HK_TUNE_CACHE=off HK_TUNE_VERBOSE=1"
@@ -131,6 +135,9 @@ add() { has_tool "$1" && want_route "$2" && runs+=("$1 $2 $3"); }
 for tool in memcheck racecheck synccheck initcheck; do
   add $tool tune1 split
   add $tool pack1-tune1 split
+  # The chain with the next layer's QKV projection, pinned (D = F = 128 only).
+  add $tool post_attn_qkv split
+  add $tool post_attn_qkv-pack1 split
 done
 for tool in memcheck racecheck synccheck initcheck; do
   for r in $all_routes; do add $tool "$r" tiny; done

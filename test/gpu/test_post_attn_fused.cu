@@ -900,7 +900,7 @@ QkvOutcome run_qkv_case(const QkvCase& c, uint64_t seed) {
   const int64_t rows = c.rows, alloc = rows + kGuardRows;
   const Model m = make_model(D, F, rng);
   const DevModel dm(m);
-  std::vector<__half> wq(size_t(N) * D), bq(size_t(N));
+  std::vector<__half> wq(static_cast<size_t>(N) * D), bq(static_cast<size_t>(N));
   const double ad = 1.0 / std::sqrt(double(D));
   std::uniform_real_distribution<double> uq(-ad, ad);
   for (auto& v : wq) v = __double2half(uq(rng));
@@ -993,7 +993,7 @@ QkvOutcome run_qkv_case(const QkvCase& c, uint64_t seed) {
   } else {
     for (int64_t r = 0; r < rows; ++r) check.push_back(r);
   }
-  std::vector<double> rx, rln, h16(size_t(D));
+  std::vector<double> rx, rln, h16(static_cast<size_t>(D));
   for (const int64_t r : check) {
     reference_row(m, &o[size_t(r) * D], &x[size_t(r) * D], 1e-5, rx, rln);
     for (int k = 0; k < D; ++k) {
@@ -1128,7 +1128,8 @@ int main() {
   // padded rows, D = 64 and 128.
   for (const auto& sh : {std::pair<int, int>{128, 128}, {64, 64}}) {
     for (const PostAttnConfig cfg : {PostAttnConfig{8, 0, 8}, PostAttnConfig{16, 0, 8}, PostAttnConfig{4, 0, 4},
-                                     PostAttnConfig{16, 0, 4}, PostAttnConfig{8, 0, 8, 1}}) {
+                                     PostAttnConfig{16, 0, 4}, PostAttnConfig{8, 0, 8, 1}, PostAttnConfig{16, 0, 16}}) {
+      if (cfg.split == 16 && sh.first != 128) continue;  // width 16: D = 128 only
       for (const int64_t rows : {int64_t(1), int64_t(15), int64_t(17), int64_t(128), int64_t(1000), int64_t(100001)}) {
         for (const bool tail : {false, true}) {
           Case c = sweep_case(sh.first, sh.second, rows, cfg, "split");
@@ -1210,6 +1211,7 @@ int main() {
       cfgs.push_back(PostAttnConfig{16, 0, 8});
       cfgs.push_back(PostAttnConfig{8, 0, 4});
       cfgs.push_back(PostAttnConfig{8, 0, 8, 1});
+      if (sh[0] == 128) cfgs.push_back(PostAttnConfig{16, 0, 16});
     }
     for (const PostAttnConfig& cfg : cfgs) {
       for (const bool tail : {false, true}) {
