@@ -1221,10 +1221,6 @@ void raise_split_smem_limits() {
   raise_split_smem_limit<DP, FP, 8, true>();
   raise_split_smem_limit<DP, FP, 8, false, true>();
   raise_split_smem_limit<DP, FP, 8, true, true>();
-  if constexpr (DP % 128 == 0) {
-    raise_split_smem_limit<DP, FP, 16, false>();
-    raise_split_smem_limit<DP, FP, 16, false, true>();
-  }
 }
 
 template <int DP, int FP, int W, bool kRegW, bool kQkv = false>
@@ -1250,33 +1246,31 @@ Resolved resolve_split(const PostAttnConfig& cfg, int64_t rows, const DeviceLimi
   return r;
 }
 
-// `fn` called with the split width and the weight placement as compile-time constants: width 16
-// for split >= 16 at D = 128 (one n8 tile of each product per warp), 8 for split >= 8, else 4;
-// weights in registers only with width 8 (cfg.reg_weights).
-template <int DP, class Fn>
+// `fn` called with the split width and the weight placement as compile-time constants: width 8
+// for split >= 8, else 4; weights in registers only with width 8 (cfg.reg_weights). (Width 16 at
+// D = 128, one n8 tile of each product per warp, was measured slower than 8 in every case, with and
+// without the QKV projection: perf/RESULTS.md, seventeenth lease; not instantiated.)
+template <class Fn>
 auto with_split_variant(const PostAttnConfig& cfg, Fn&& fn) {
-  if constexpr (DP % 128 == 0) {
-    if (cfg.split >= 16) return fn(std::integral_constant<int, 16>{}, std::false_type{});
-  }
   if (cfg.split >= 8 && cfg.reg_weights != 0) return fn(std::integral_constant<int, 8>{}, std::true_type{});
   if (cfg.split >= 8) return fn(std::integral_constant<int, 8>{}, std::false_type{});
   return fn(std::integral_constant<int, 4>{}, std::false_type{});
 }
 
-// The QKV-fused kernel exists for widths 8 and 16 (post_attn_qkv_candidates; post_attn_fused checks).
+// The QKV-fused kernel exists for width 8 only (post_attn_qkv_candidates; validate() checks).
 template <int DP, int FP>
 void launch_split(const PostAttnParams& p, cudaStream_t stream, const PostAttnConfig& cfg) {
   if (p.qkv_out) {
-    return with_split_variant<DP>(cfg, [&](auto wc, auto rc) {
-      constexpr int W = decltype(wc)::value < 8 ? 8 : decltype(wc)::value;  // validate(): split >= 8
+    auto run = [&](auto rc) {
       constexpr bool kRegW = decltype(rc)::value;
-      const Resolved r = resolve_split<DP, FP, W, kRegW, true>(cfg, p.rows, device_limits());
-      launch_pdl(post_attn_split_kernel<DP, FP, W, kRegW, true>, dim3(unsigned(r.grid)), dim3(unsigned(r.warps * 32)),
+      const Resolved r = resolve_split<DP, FP, 8, kRegW, true>(cfg, p.rows, device_limits());
+      launch_pdl(post_attn_split_kernel<DP, FP, 8, kRegW, true>, dim3(unsigned(r.grid)), dim3(unsigned(r.warps * 32)),
                  r.smem, stream, p);
       HK_CUDA_CHECK_LAUNCH();
-    });
+    };
+    return cfg.reg_weights != 0 ? run(std::true_type{}) : run(std::false_type{});
   }
-  with_split_variant<DP>(cfg, [&](auto wc, auto rc) {
+  with_split_variant(cfg, [&](auto wc, auto rc) {
     constexpr int W = decltype(wc)::value;
     constexpr bool kRegW = decltype(rc)::value;
     const Resolved r = resolve_split<DP, FP, W, kRegW>(cfg, p.rows, device_limits());
@@ -1288,7 +1282,7 @@ void launch_split(const PostAttnParams& p, cudaStream_t stream, const PostAttnCo
 
 template <int DP, int FP>
 PostAttnConfig effective_split(int64_t rows, const PostAttnConfig& cfg) {
-  return with_split_variant<DP>(cfg, [&](auto wc, auto rc) {
+  return with_split_variant(cfg, [&](auto wc, auto rc) {
     constexpr int W = decltype(wc)::value;
     constexpr bool kRegW = decltype(rc)::value;
     const Resolved r = resolve_split<DP, FP, W, kRegW>(cfg, rows, device_limits());
@@ -1298,19 +1292,15 @@ PostAttnConfig effective_split(int64_t rows, const PostAttnConfig& cfg) {
 
 // The QKV-fused configurations that run exactly as given: 8 warps per row block with the chain's
 // weights in registers (Wqkv in shared memory), then all in shared memory with 1 and 2 row blocks
-// per CTA (2 only where the shared memory holds them: D = 64), and 16 warps per row block (D = 128).
+// per CTA (2 only where the shared memory holds them: D = 64).
 template <int DP, int FP>
 std::vector<PostAttnConfig> qkv_candidates(int64_t rows) {
   const DeviceLimits lim = device_limits();
   std::vector<PostAttnConfig> out;
-  std::vector<PostAttnConfig> want{{8, 0, 8, 1}, {8, 0, 8, 0}, {16, 0, 8, 0}};
-  if (DP % 128 == 0) want.push_back({16, 0, 16, 0});
-  for (const PostAttnConfig& c : want) {
-    const Resolved r = with_split_variant<DP>(c, [&](auto wc, auto rc) {
-      constexpr int W = decltype(wc)::value < 8 ? 8 : decltype(wc)::value;
-      if (split_smem_bytes<DP, FP, W, false, true>(c.warps / W) > size_t(lim.smem_optin)) return Resolved{};
-      return resolve_split<DP, FP, W, decltype(rc)::value, true>(c, rows, lim);
-    });
+  for (const PostAttnConfig& c : {PostAttnConfig{8, 0, 8, 1}, PostAttnConfig{8, 0, 8, 0}, PostAttnConfig{16, 0, 8, 0}}) {
+    if (split_smem_bytes<DP, FP, 8, false, true>(c.warps / 8) > size_t(lim.smem_optin)) continue;
+    const Resolved r = c.reg_weights ? resolve_split<DP, FP, 8, true, true>(c, rows, lim)
+                                     : resolve_split<DP, FP, 8, false, true>(c, rows, lim);
     if (r.exact) out.push_back(c);
   }
   return out;
@@ -1327,11 +1317,10 @@ void split_candidates(int64_t rows, std::vector<PostAttnConfig>& out) {
   std::vector<PostAttnConfig> want{{16, 0, 8, 0}};
   if (blocks <= int64_t(16) * lim.sms) {
     want = {{8, 0, 8, 1}, {8, 0, 8, 0}, {16, 0, 8, 0}, {8, 0, 4, 0}, {16, 0, 4, 0}};
-    if (DP % 128 == 0) want.push_back({16, 0, 16, 0});
   }
   std::vector<PostAttnConfig> runs;
   for (const PostAttnConfig& c : want) {
-    const Resolved r = with_split_variant<DP>(c, [&](auto wc, auto rc) {
+    const Resolved r = with_split_variant(c, [&](auto wc, auto rc) {
       return resolve_split<DP, FP, decltype(wc)::value, decltype(rc)::value>(c, rows, lim);
     });
     const PostAttnConfig run{r.warps, 0, c.split, c.reg_weights};
@@ -1410,7 +1399,7 @@ void post_attn_fused(const PostAttnParams& p, cudaStream_t stream, const PostAtt
   validate(p);
   if (p.qkv_out && !(config.split >= 8 && split_supported(p.D, p.F))) {
     throw std::invalid_argument(
-        "hk::post_attn[cuda.fused]: qkv_out needs the column-split kernel of width 8 or 16 (D = F = 64 or 128)");
+        "hk::post_attn[cuda.fused]: qkv_out needs the column-split kernel of width 8 (D = F = 64 or 128)");
   }
   if (p.rows == 0) return;
   if (config.split > 0 && split_supported(p.D, p.F)) {

@@ -70,8 +70,7 @@ struct PostAttnParams {
 //   prefetch:  1 = double-buffer the o tile (the next row block's o loads during this block's
 //              FFN; resident-weight kernels only), 0 = single buffer
 //   split:     > 0 selects the column-split kernel (exact D = F = 64 or 128 only): `split` warps
-//              (4, 8 or 16; 1..7 run as 4, 8..15 as 8, 16 and more as 16 at D = 128 and as 8 at
-//              D = 64: post_attn_fused_effective says which) share
+//              (4 or 8; 1..7 run as 4, more as 8: post_attn_fused_effective says which) share
 //              one 16-row block, each computing D / split residual columns and
 //              F / split ffn columns of every product, with the LayerNorm statistics combined
 //              across them through shared memory; `warps` (a multiple of split, at most 16) then
@@ -134,8 +133,7 @@ PostAttnConfig post_attn_fused_effective(int D, int F, int64_t rows, const PostA
 //     CTAs: idle warps and smem the row blocks do not use);
 //   column-split kernel (D = F = 64 or 128), last: 8 warps per row block with the weights in
 //     registers, then with them in shared memory and 1 and 2 row blocks per CTA, 4 warps per row
-//     block with 2 and 4, 16 warps per row block at D = 128 (while there are at most 16 row
-//     blocks per SM; beyond that only 8 x 2);
+//     block with 2 and 4 (while there are at most 16 row blocks per SM; beyond that only 8 x 2);
 //   with tanh_gelu (fast precision, the exact GELU not pinned) and an exact resident kernel: each
 //     row-per-warp entry above again as it runs (explicit warps and prefetch) with gelu_tanh = 1,
 //     before the column-split entries.
@@ -144,7 +142,7 @@ std::vector<PostAttnConfig> post_attn_fused_candidates(int D, int F, int64_t row
 // The chain with the next layer's QKV projection (PostAttnParams::qkv_out): D = F = 64 or 128,
 // where Wqkv fits in shared memory next to the chain's tiles. Candidates run exactly as given, the
 // default first: {8 warps, split 8, weights in registers}, {8, split 8}, {16, split 8} (2 row
-// blocks per CTA where shared memory allows), {16, split 16} (D = 128). Empty when unsupported.
+// blocks per CTA where shared memory allows). Empty when unsupported.
 bool post_attn_qkv_supports(int D, int F);
 std::vector<PostAttnConfig> post_attn_qkv_candidates(int D, int F, int64_t rows);
 // "hk::post_attn[cuda.fused.d128.qkv]" / "...d64.qkv]"; "" if unsupported.
