@@ -540,7 +540,8 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
     // The [K, N] copies cost one more set of GEMM weights: only when the layout may be chosen.
     if (!own_only && (pin_layout == "kn" || (routes.tune && pin_layout.empty()))) make_kn_weights(model);
 #if HK_CUDA_HAVE_MODEL_PERSISTENT
-    if (precision == Precision::fast && pin_chains != "off" && (routes.tune || pin_chains == "persistent") &&
+    if (precision == Precision::fast && pin_chains != "off" &&
+        ((routes.tune && pin_chains != "post_attn_qkv") || pin_chains == "persistent") &&
         model_persistent_supports(cfg, S))
       persistent = std::make_unique<PersistentModel>(cfg, *weights);
 #endif
@@ -1063,7 +1064,8 @@ void CudaEngine::Impl::build_table(Plan& p) {
   // ---- the whole forward in one kernel (small models): a plan-level candidate, decided after the
   // per-layer plan is chosen (decide_whole_model), never part of a segment (covers nothing).
 #if HK_CUDA_HAVE_MODEL_PERSISTENT
-  if (persistent && precision == Precision::fast && pin_chains != "off" && (routes.tune || pin_chains == "persistent")) {
+  if (persistent && precision == Precision::fast && pin_chains != "off" &&
+      ((routes.tune && pin_chains != "post_attn_qkv") || pin_chains == "persistent")) {
     Kernel<Ctx> k;
     k.name = model_persistent_name(cfg);
     k.covers = [](const std::vector<Step>&, size_t, const Shape&) { return 0; };
@@ -1670,7 +1672,8 @@ void CudaEngine::Impl::decide_chains_in_forward(Plan& p, const Ctx& c) {
   // pinned run's answer gets its own key.
   std::string pins_suffix;
   for (const auto& [name, v] : {std::pair<const char*, const std::string*>{"qkv_gemm", &pin_qkv_gemm},
-                                {"gelu", &pin_gelu}, {"layout", &pin_layout}, {"algo", &pin_algo}})
+                                {"gelu", &pin_gelu}, {"layout", &pin_layout}, {"algo", &pin_algo},
+                                {"chains", &pin_chains}})
     if (!v->empty()) pins_suffix += "." + std::string(name) + "_" + *v;
   std::map<std::string, int> forced;  // the labels decided so far, with their options
   for (const Label& l : labels) {
@@ -1879,7 +1882,8 @@ void CudaEngine::Impl::warm_up(Plan& p, const Ctx& c, cudaStream_t caller_stream
                                       cudaMemcpyDeviceToDevice, capture_stream));
       decide_qkv_chain(p, w);
     }
-    if (routes.tune || pin_chains == "persistent") {
+    // HK_CHAINS=post_attn_qkv keeps its per-layer plan (no whole-model kernel in its place).
+    if ((routes.tune && pin_chains != "post_attn_qkv") || pin_chains == "persistent") {
       if (aliased)  // the plan's own run overwrote x: the whole-model decision needs the input
         HK_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(c.x), alias_scratch.get(), x_bytes,
                                       cudaMemcpyDeviceToDevice, capture_stream));

@@ -1298,7 +1298,9 @@ std::vector<PostAttnConfig> qkv_candidates(int64_t rows) {
   const DeviceLimits lim = device_limits();
   std::vector<PostAttnConfig> out;
   for (const PostAttnConfig& c : {PostAttnConfig{8, 0, 8, 1}, PostAttnConfig{8, 0, 8, 0}, PostAttnConfig{16, 0, 8, 0}}) {
-    if (split_smem_bytes<DP, FP, 8, false, true>(c.warps / 8) > size_t(lim.smem_optin)) continue;
+    const size_t smem = c.reg_weights ? split_smem_bytes<DP, FP, 8, true, true>(c.warps / 8)
+                                      : split_smem_bytes<DP, FP, 8, false, true>(c.warps / 8);
+    if (smem > size_t(lim.smem_optin)) continue;
     const Resolved r = c.reg_weights ? resolve_split<DP, FP, 8, true, true>(c, rows, lim)
                                      : resolve_split<DP, FP, 8, false, true>(c, rows, lim);
     if (r.exact) out.push_back(c);

@@ -91,7 +91,11 @@ shape_desc[small]="S=33 D=64 hd=8 causal"
 # weights) are tuning candidates only there (and at 64); tune1 runs every candidate.
 shape_args[split]="--batch 5 --seq 33 --d-model 128 --heads 4 --ffn 128 --layers 2 --causal 1 --lengths-list 0,1,S"
 shape_desc[split]="S=33 D=F=128 hd=32 causal"
-for s in tiny mid long hd256 d100 small split; do
+# The same model with more row blocks (~620) than the column-split kernels have CTAs: their
+# persistent loops reuse the shared tiles (the QKV chain's f tile between row blocks).
+shape_args[split-big]="--batch 300 --seq 33 --d-model 128 --heads 4 --ffn 128 --layers 2 --causal 1 --lengths-list 0,1,S"
+shape_desc[split-big]="S=33 D=F=128 hd=32 causal, 9900 rows"
+for s in tiny mid long hd256 d100 small split split-big; do
   # shellcheck disable=SC2086
   if ! "$bin/hk_generate" ${shape_args[$s]} --seed 11 --quiet --output "$work/in/$s.h5" >> "$log" 2>&1; then
     say "sanitize.sh: hk_generate failed for $s (${shape_args[$s]})"
@@ -152,6 +156,10 @@ for tool in memcheck racecheck synccheck initcheck; do
   add $tool flash.k2 long
   add $tool flash.k4 long
 done
+# The QKV chain's persistent loop (pinned: its default configuration; tune1: every candidate).
+add memcheck post_attn_qkv split-big
+add memcheck tune1 split-big
+add racecheck post_attn_qkv split-big
 for r in $all_routes; do add memcheck "$r" mid; done
 for r in $all_routes; do add memcheck "$r" long; done
 for r in fp32 fp32-tune1; do add memcheck $r d100; add initcheck $r d100; done
