@@ -450,6 +450,15 @@ TEST(CudaForward, TunedRoutes) {
   EXPECT_EQ(failures, 0);
 }
 
+// Whether every padded row (s >= len[b]) of y [B, S, D] is exactly +0.0.
+bool padded_rows_zero(const Case& c, const std::vector<float>& y, const std::vector<int32_t>& len) {
+  for (int b = 0; b < c.B; ++b)
+    for (int s = len[size_t(b)]; s < c.S; ++s)
+      for (int d = 0; d < c.D; ++d)
+        if (std::memcmp(&y[(size_t(b) * c.S + s) * c.D + d], "\0\0\0\0", 4) != 0) return false;
+  return true;
+}
+
 // ---- padding-free execution -------------------------------------------------------------------
 // HK_PACK pinned on: the valid tokens packed by the first LayerNorm, GEMMs and row kernels on the
 // packed rows, attention in the packed layout, the final LayerNorm scattering back. Checked per
@@ -473,13 +482,6 @@ int run_packed_case(const Case& c, const std::string& cache_dir) {
   for (int32_t l : lengths) tokens += l;
   const std::vector<double> ref =
       hk::test::naive_forward(run.model, std::vector<double>(x1.begin(), x1.end()), c.B, c.S, lengths);
-  auto padded_rows_zero = [&](const std::vector<float>& y, const std::vector<int32_t>& len) {
-    for (int b = 0; b < c.B; ++b)
-      for (int s = len[size_t(b)]; s < c.S; ++s)
-        for (int d = 0; d < c.D; ++d)
-          if (std::memcmp(&y[(size_t(b) * c.S + s) * c.D + d], "\0\0\0\0", 4) != 0) return false;
-    return true;
-  };
   DevBuf xd(n * 4), yd(n * 4), ld(size_t(c.B) * 4 + 4);
   xd.upload(x1);
   ld.upload(lengths);
@@ -497,9 +499,9 @@ int run_packed_case(const Case& c, const std::string& cache_dir) {
       e->forward(x1.data(), lengths.data(), c.B, yh.data());
       const double ratio = hk::test::budget_ratio(yh.data(), ref);
       const int64_t rows = e->plan_rows(c.B, tokens);
-      t.row(tag + "/host", "ratio " + fmt("%.3g", ratio), ratio <= 1.0 && padded_rows_zero(yh, lengths),
+      t.row(tag + "/host", "ratio " + fmt("%.3g", ratio), ratio <= 1.0 && padded_rows_zero(c, yh, lengths),
             "rows " + std::to_string(rows) + " of " + std::to_string(int64_t(c.B) * c.S) + ", padded rows zero: " +
-                (padded_rows_zero(yh, lengths) ? "yes" : "NO"));
+                (padded_rows_zero(c, yh, lengths) ? "yes" : "NO"));
       yd.poison();
       e->forward_device(xd.get<float>(), ld.get<int32_t>(), c.B, yd.get<float>(), run.stream, tokens);
       HK_TEST_CUDA(cudaStreamSynchronize(run.stream));
@@ -515,7 +517,7 @@ int run_packed_case(const Case& c, const std::string& cache_dir) {
         std::vector<float> y2(n, NAN);
         e->forward(x1.data(), l2.data(), c.B, y2.data());
         const double r2 = hk::test::budget_ratio(y2.data(), ref2);
-        t.row("packed/relengths", "ratio " + fmt("%.3g", r2), r2 <= 1.0 && padded_rows_zero(y2, l2));
+        t.row("packed/relengths", "ratio " + fmt("%.3g", r2), r2 <= 1.0 && padded_rows_zero(c, y2, l2));
       }
       // warm_up(B, tokens) on a fresh engine (synthetic input of that many tokens: the same
       // plan and graphs), then the real forward: the bits of an engine without warm-up.
@@ -524,7 +526,7 @@ int run_packed_case(const Case& c, const std::string& cache_dir) {
         ew->warm_up(c.B, tokens);
         std::vector<float> yw(n, NAN);
         ew->forward(x1.data(), lengths.data(), c.B, yw.data());
-        t.row("packed/warm-up", "== bits without", same_bits(yw, yh) && padded_rows_zero(yw, lengths));
+        t.row("packed/warm-up", "== bits without", same_bits(yw, yh) && padded_rows_zero(c, yw, lengths));
       }
       // Too few tokens for the lengths: the packing kernel writes no row beyond its bucket and
       // raises its flag; the next host-path call reports it (and clears it).
@@ -561,7 +563,7 @@ int run_packed_case(const Case& c, const std::string& cache_dir) {
     std::vector<float> y32(n, NAN);
     e32->forward(x1.data(), lengths.data(), c.B, y32.data());
     const double m32 = max_abs_err(y32.data(), ref);
-    t.row("packed/fp32", "max abs " + fmt("%.3g", m32), m32 <= 1e-4 && padded_rows_zero(y32, lengths));
+    t.row("packed/fp32", "max abs " + fmt("%.3g", m32), m32 <= 1e-4 && padded_rows_zero(c, y32, lengths));
   } catch (const hk::Error& e) {
     if (c.fast_may_be_unsupported) {
       t.info("packed", "unsupported", e.what());
@@ -605,13 +607,6 @@ int run_post_attn_qkv_case(const Case& c, const std::string& cache_dir) {
   for (int32_t l : lengths) tokens += l;
   const std::vector<double> ref =
       hk::test::naive_forward(run.model, std::vector<double>(x1.begin(), x1.end()), c.B, c.S, lengths);
-  auto padded_rows_zero = [&](const std::vector<float>& y) {
-    for (int b = 0; b < c.B; ++b)
-      for (int s = lengths[size_t(b)]; s < c.S; ++s)
-        for (int d = 0; d < c.D; ++d)
-          if (std::memcmp(&y[(size_t(b) * c.S + s) * c.D + d], "\0\0\0\0", 4) != 0) return false;
-    return true;
-  };
   // Occurrences of the chain in the plan: one per layer but the last.
   auto chain_count = [](const std::string& plan) {
     int k = 0;
@@ -634,7 +629,7 @@ int run_post_attn_qkv_case(const Case& c, const std::string& cache_dir) {
       e->forward(x1.data(), lengths.data(), c.B, yh.data());
       const double ratio = hk::test::budget_ratio(yh.data(), ref);
       t.row(tag + "/host", "ratio " + fmt("%.3g", ratio),
-            ratio <= 1.0 && padded_rows_zero(yh) && chains == c.L - 1,
+            ratio <= 1.0 && padded_rows_zero(c, yh, lengths) && chains == c.L - 1,
             "chain in " + std::to_string(chains) + " of " + std::to_string(c.L - 1) + " layers");
       yd.poison();
       e->forward_device(xd.get<float>(), ld.get<int32_t>(), c.B, yd.get<float>(), run.stream, tokens);
@@ -648,7 +643,7 @@ int run_post_attn_qkv_case(const Case& c, const std::string& cache_dir) {
     std::vector<float> yt(n, NAN);
     et->forward(x1.data(), lengths.data(), c.B, yt.data());
     const double rt = hk::test::budget_ratio(yt.data(), ref);
-    t.row("tuned", "ratio " + fmt("%.3g", rt), rt <= 1.0 && padded_rows_zero(yt));
+    t.row("tuned", "ratio " + fmt("%.3g", rt), rt <= 1.0 && padded_rows_zero(c, yt, lengths));
     t.info("tuned plan", chain_count(et->explain(c.B)) > 0 ? "chain with QKV" : "without it");
   } catch (const hk::Error& err) {
     t.row("post_attn_qkv", "threw", false, err.what());

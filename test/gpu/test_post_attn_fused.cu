@@ -223,6 +223,35 @@ struct Outcome {
   }
 };
 
+// Runs one launch on a fresh non-blocking stream, directly or (graph) through a captured CUDA
+// graph; returns the exception text or "".
+std::string launch_sync(const PostAttnParams& p, const PostAttnConfig& cfg, bool graph = false) {
+  try {
+    cudaStream_t s;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    if (graph) {
+      cudaGraph_t g;
+      cudaGraphExec_t ge;
+      CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      hk::cuda::post_attn_fused(p, s, cfg);
+      CHECK_CUDA(cudaStreamEndCapture(s, &g));
+      CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
+      CHECK_CUDA(cudaGraphLaunch(ge, s));
+      CHECK_CUDA(cudaStreamSynchronize(s));
+      CHECK_CUDA(cudaGraphExecDestroy(ge));
+      CHECK_CUDA(cudaGraphDestroy(g));
+    } else {
+      hk::cuda::post_attn_fused(p, s, cfg);
+    }
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    CHECK_CUDA(cudaStreamDestroy(s));
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  CHECK_CUDA(cudaGetLastError());
+  return "";
+}
+
 Outcome run_case(const Case& c, uint64_t seed) {
   Outcome out;
   if (!hk::cuda::post_attn_fused_supports(c.D, c.F)) {
@@ -349,30 +378,8 @@ Outcome run_case(const Case& c, uint64_t seed) {
   p.F = F;
   p.eps = eps;
 
-  try {
-    cudaStream_t s;
-    CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    if (c.graph) {
-      cudaGraph_t g;
-      cudaGraphExec_t ge;
-      CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      hk::cuda::post_attn_fused(p, s, c.cfg);
-      CHECK_CUDA(cudaStreamEndCapture(s, &g));
-      CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
-      CHECK_CUDA(cudaGraphLaunch(ge, s));
-      CHECK_CUDA(cudaStreamSynchronize(s));
-      CHECK_CUDA(cudaGraphExecDestroy(ge));
-      CHECK_CUDA(cudaGraphDestroy(g));
-    } else {
-      hk::cuda::post_attn_fused(p, s, c.cfg);
-    }
-    CHECK_CUDA(cudaStreamSynchronize(s));
-    CHECK_CUDA(cudaStreamDestroy(s));
-  } catch (const std::exception& e) {
-    out.error = e.what();
-    return out;
-  }
-  CHECK_CUDA(cudaGetLastError());
+  out.error = launch_sync(p, c.cfg, c.graph);
+  if (!out.error.empty()) return out;
 
   const std::vector<float> xin_after = d_x.down();
   const std::vector<float> xo = c.tail ? std::vector<float>() : (c.alias ? xin_after : d_xo.down());
@@ -506,21 +513,6 @@ struct DevModel {
     return p;
   }
 };
-
-// Runs one launch on a fresh non-blocking stream; returns the exception text or "".
-std::string launch_sync(const PostAttnParams& p, const PostAttnConfig& cfg) {
-  try {
-    cudaStream_t s;
-    CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    hk::cuda::post_attn_fused(p, s, cfg);
-    CHECK_CUDA(cudaStreamSynchronize(s));
-    CHECK_CUDA(cudaStreamDestroy(s));
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  CHECK_CUDA(cudaGetLastError());
-  return "";
-}
 
 void refresh_model(Model& m) {
   auto widen = [](const std::vector<__half>& v) {
@@ -957,30 +949,8 @@ QkvOutcome run_qkv_case(const QkvCase& c, uint64_t seed) {
   p.b_qkv = d_bq.p;
   p.qkv_out = d_qkv.p;
   p.rows = rows;
-  try {
-    cudaStream_t s;
-    CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    if (c.graph) {
-      cudaGraph_t g;
-      cudaGraphExec_t ge;
-      CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      hk::cuda::post_attn_fused(p, s, c.cfg);
-      CHECK_CUDA(cudaStreamEndCapture(s, &g));
-      CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
-      CHECK_CUDA(cudaGraphLaunch(ge, s));
-      CHECK_CUDA(cudaStreamSynchronize(s));
-      CHECK_CUDA(cudaGraphExecDestroy(ge));
-      CHECK_CUDA(cudaGraphDestroy(g));
-    } else {
-      hk::cuda::post_attn_fused(p, s, c.cfg);
-    }
-    CHECK_CUDA(cudaStreamSynchronize(s));
-    CHECK_CUDA(cudaStreamDestroy(s));
-  } catch (const std::exception& e) {
-    out.error = e.what();
-    return out;
-  }
-  CHECK_CUDA(cudaGetLastError());
+  out.error = launch_sync(p, c.cfg, c.graph);
+  if (!out.error.empty()) return out;
   const std::vector<float> xo = c.alias ? d_x.down() : d_xo.down();
   const std::vector<__half> h = d_h.down(), qkv = d_qkv.down();
 
