@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <iterator>
 #include <stdexcept>
+#include <type_traits>
 
 namespace hk::cuda {
 namespace {
@@ -32,10 +33,32 @@ constexpr float kLog2e = 1.4426950408889634f;
 template <int HD> struct F16Tile;
 template <> struct F16Tile<8>   { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  };  // ex2-bound (16 MACs per score): 64 keys amortise the max/sum shuffles; QK^T by m16n8k8, no zero k half
 template <> struct F16Tile<16>  { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  };  // ex2-bound as hd 8; K+V stage 6 KB, ~80 regs: 6 blocks/SM
-template <> struct F16Tile<32>  { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  };  // 64 keys = half of S=128, so causal skips the upper tile whole; ~80 regs, 25 KB (q64)
+template <> struct F16Tile<32>  { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  };  // 64 keys = half of S=128, so causal skips the upper tile whole; <= 80 regs (kMinWarps), 25 KB (q64)
 template <> struct F16Tile<64>  { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  };  // ~130 regs (O 32 + S 32 + Q 16): 3 blocks/SM; 45 KB stays under the 48 KB default
 template <> struct F16Tile<128> { static constexpr int kBK = 64; static constexpr bool kQInRegs = true;  };  // ~170 regs; 17 + 2x35 KB = 87 KB (q64): 2 blocks/SM, smem-limited
 template <> struct F16Tile<256> { static constexpr int kBK = 32; static constexpr bool kQInRegs = false; };  // O alone is 128 regs, so Q is re-read from smem; 32-key stages keep 101 KB (q64): 2 blocks/SM
+
+// Warps per SM the register allocation must leave room for (__launch_bounds__): the small head
+// dims are issue-bound on short sequences and keep the occupancy their registers allowed before
+// the key step had two copies (which made the compiler take 8-16 more): hd 8 64 registers (8 q64
+// CTAs per SM), hd 16 80 (6: at 72 it spills), hd 32 80 (6), hd 64 128 (4). hd 128 / 256: shared
+// memory limits them to 2 CTAs anyway. The key-split kernels (KS > 1) the same, but hd 32 at 96
+// (5 CTAs: at 80 their combine step spills); sm_80 code of hd 16 / 32 also at 96 (it spills at 80).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr int kMinWarpsHd16To32 = 20;
+#else
+constexpr int kMinWarpsHd16To32 = 24;
+#endif
+template <int HD, int KS> constexpr int f16_min_warps() {
+  return HD == 8    ? 32
+         : HD == 16 ? kMinWarpsHd16To32
+         : HD == 32 ? (KS == 1 ? kMinWarpsHd16To32 : 20)
+         : HD == 64 ? 16
+                    : 0;
+}
+template <int HD, int NW, int KS> constexpr int f16_min_blocks() {
+  return f16_min_warps<HD, KS>() / NW > 1 ? f16_min_warps<HD, KS>() / NW : 1;
+}
 
 // Row stride (halves) of the shared tiles. 8 halves of padding put the 8 rows an ldmatrix reads
 // into 8 different 16-byte bank groups; hd 8 rows (16 bytes) are conflict-free unpadded.
@@ -217,7 +240,7 @@ __device__ __forceinline__ void flash_combine_split(const FlashArgs& a, const Se
 // of the tile's rows over distributed shared memory and stores them. Same output layout and
 // rules as KS = 1 (rows >= len: zeros when dense, untouched when packed).
 template <int HD, int NW, int KS = 1>
-__global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
+__global__ void __launch_bounds__(NW * 32, (f16_min_blocks<HD, NW, KS>())) flash_f16_kernel(const FlashArgs a) {
   constexpr int BK = F16Tile<HD>::kBK;
   constexpr bool kQRegs = F16Tile<HD>::kQInRegs;
   constexpr int BQ = 16 * NW;
@@ -315,109 +338,125 @@ __global__ void __launch_bounds__(NW * 32) flash_f16_kernel(const FlashArgs a) {
     if (active) {
       const uint32_t k_tile = smem_u32(sK + stage * BK * LD) + k_lane;
       const uint32_t v_tile = smem_u32(sV + stage * BK * LD) + v_lane;
+      // Keys of this tile any row of the warp can see (>= 1 here): up to the length and, under
+      // causal, up to the warp's last row. Where they fit in the first half of the tile (the
+      // diagonal tiles of the first two warps, the last tile of a short length) only that half is
+      // computed (NP = BK / 32 16-key groups; the rest would be masked to zero weight), else all
+      // of it (NP = BK / 16). Two straight-line copies of the step: a runtime bound inside the
+      // unrolled loops splits them into branches and costs more than it saves.
+      const int kneed = min(a.causal ? min(sh.len, qw0 + 16) : sh.len, k0 + BK) - k0;
+      const auto step = [&](auto np_c) {
+        constexpr int NP = decltype(np_c)::value;
+        static_assert(NP >= 1 && 16 * NP <= BK && (HD != 8 || NP % 2 == 0), "whole 16-key groups (hd 8: 32)");
 
-      // S = Q K^T for this warp's 16 rows and BK keys.
-      float s[NKT][4];
+        // S = Q K^T for this warp's 16 rows and the tile's first 16 * NP keys.
+        float s[NKT][4];
 #pragma unroll
-      for (int i = 0; i < NKT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-      if constexpr (HD == 8) {
-#pragma unroll
-        for (int np = 0; np < BK / 32; ++np) {
-          uint32_t b0, b1, b2, b3;
-          ldsm_x4(b0, b1, b2, b3, k_tile + np * 32 * LD * 2);
-          mma_1688(s[4 * np + 0], qf[0][0], qf[0][1], b0);
-          mma_1688(s[4 * np + 1], qf[0][0], qf[0][1], b1);
-          mma_1688(s[4 * np + 2], qf[0][0], qf[0][1], b2);
-          mma_1688(s[4 * np + 3], qf[0][0], qf[0][1], b3);
-        }
-      } else {
-#pragma unroll
-        for (int ks = 0; ks < HD / 16; ++ks) {
-          uint32_t af[4];
-          if constexpr (kQRegs) {
-            af[0] = qf[ks][0]; af[1] = qf[ks][1]; af[2] = qf[ks][2]; af[3] = qf[ks][3];
-          } else {
-            ldsm_x4(af[0], af[1], af[2], af[3], q_base + ks * 32);
-          }
-#pragma unroll
-          for (int np = 0; np < BK / 16; ++np) {
-            uint32_t b0, b1, b2, b3;
-            ldsm_x4(b0, b1, b2, b3, k_tile + (np * 16 * LD + ks * 16) * 2);
-            mma_16816(s[2 * np], af, b0, b1);
-            mma_16816(s[2 * np + 1], af, b2, b3);
-          }
-        }
-      }
-
-      // Masks only where the tile crosses the length or this warp's diagonal. Key j of this
-      // thread's element (nt, e) is k0 + 2t + nt*8 + (e & 1); row i may see keys up to
-      // lim(i) = causal ? min(i, len - 1) : len - 1, so the element stays iff its compile-time
-      // offset nt*8 + (e & 1) <= lim(i) - k0 - 2t (one compare per element).
-      if (k0 + BK > sh.len || (a.causal && k0 + BK - 1 > qw0)) {
-        int lim[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int i = qw0 + g + 8 * r;
-          lim[r] = (a.causal ? min(i, sh.len - 1) : sh.len - 1) - (k0 + 2 * t);
-        }
-#pragma unroll
-        for (int nt = 0; nt < NKT; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (nt * 8 + (e & 1) > lim[e >> 1]) s[nt][e] = -INFINITY;
-        }
-      }
-
-      // Online softmax: new row max over the quad, rescale the running sum and O.
-      float mx[2] = {m[0], m[1]};
-#pragma unroll
-      for (int nt = 0; nt < NKT; ++nt) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
-      }
-      float mb[2];  // max in exp2 units; 0 while a row has seen only masked keys (avoids inf - inf)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        mb[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
-        const float alpha = ex2(m[r] * sl2 - mb[r]);
-        m[r] = mx[r];
-        lacc[2 * r] *= alpha;
-#pragma unroll
-        for (int dt = 0; dt < NDT; ++dt) {
-          o[dt][2 * r] *= alpha;
-          o[dt][2 * r + 1] *= alpha;
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < NKT; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[nt][e] = ex2(fmaf(s[nt][e], sl2, -mb[e >> 1]));
-        }
-      }
-
-      // O += P V: the score accumulators of two adjacent key n-tiles form one A fragment.
-#pragma unroll
-      for (int ks = 0; ks < BK / 16; ++ks) {
-        const uint32_t pa[4] = {pack_half2(s[2 * ks][0], s[2 * ks][1]), pack_half2(s[2 * ks][2], s[2 * ks][3]),
-                                pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                                pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-        mma_16816(lacc, pa, kHalf2Ones, kHalf2Ones);
+        for (int i = 0; i < 2 * NP; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
         if constexpr (HD == 8) {
-          uint32_t b0, b1;
-          ldsm_x2_t(b0, b1, v_tile + ks * 16 * LD * 2);
-          mma_16816(o[0], pa, b0, b1);
+#pragma unroll
+          for (int np = 0; np < (NP + 1) / 2; ++np) {
+            uint32_t b0, b1, b2, b3;
+            ldsm_x4(b0, b1, b2, b3, k_tile + np * 32 * LD * 2);
+            mma_1688(s[4 * np + 0], qf[0][0], qf[0][1], b0);
+            mma_1688(s[4 * np + 1], qf[0][0], qf[0][1], b1);
+            mma_1688(s[4 * np + 2], qf[0][0], qf[0][1], b2);
+            mma_1688(s[4 * np + 3], qf[0][0], qf[0][1], b3);
+          }
         } else {
 #pragma unroll
-          for (int dp = 0; dp < HD / 16; ++dp) {
-            uint32_t b0, b1, b2, b3;
-            ldsm_x4_t(b0, b1, b2, b3, v_tile + (ks * 16 * LD + dp * 16) * 2);
-            mma_16816(o[2 * dp], pa, b0, b1);
-            mma_16816(o[2 * dp + 1], pa, b2, b3);
+          for (int ks = 0; ks < HD / 16; ++ks) {
+            uint32_t af[4];
+            if constexpr (kQRegs) {
+              af[0] = qf[ks][0]; af[1] = qf[ks][1]; af[2] = qf[ks][2]; af[3] = qf[ks][3];
+            } else {
+              ldsm_x4(af[0], af[1], af[2], af[3], q_base + ks * 32);
+            }
+#pragma unroll
+            for (int np = 0; np < NP; ++np) {
+              uint32_t b0, b1, b2, b3;
+              ldsm_x4(b0, b1, b2, b3, k_tile + (np * 16 * LD + ks * 16) * 2);
+              mma_16816(s[2 * np], af, b0, b1);
+              mma_16816(s[2 * np + 1], af, b2, b3);
+            }
           }
         }
+
+        // Masks only where the tile crosses the length or this warp's diagonal. Key j of this
+        // thread's element (nt, e) is k0 + 2t + nt*8 + (e & 1); row i may see keys up to
+        // lim(i) = causal ? min(i, len - 1) : len - 1, so the element stays iff its compile-time
+        // offset nt*8 + (e & 1) <= lim(i) - k0 - 2t (one compare per element).
+        if (k0 + 16 * NP > sh.len || (a.causal && k0 + 16 * NP - 1 > qw0)) {
+          int lim[2];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int i = qw0 + g + 8 * r;
+            lim[r] = (a.causal ? min(i, sh.len - 1) : sh.len - 1) - (k0 + 2 * t);
+          }
+#pragma unroll
+          for (int nt = 0; nt < 2 * NP; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (nt * 8 + (e & 1) > lim[e >> 1]) s[nt][e] = -INFINITY;
+          }
+        }
+
+        // Online softmax: new row max over the quad, rescale the running sum and O.
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int nt = 0; nt < 2 * NP; ++nt) {
+          mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
+          mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
+        }
+        float mb[2];  // max in exp2 units; 0 while a row has seen only masked keys (avoids inf - inf)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+          mb[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
+          const float alpha = ex2(m[r] * sl2 - mb[r]);
+          m[r] = mx[r];
+          lacc[2 * r] *= alpha;
+#pragma unroll
+          for (int dt = 0; dt < NDT; ++dt) {
+            o[dt][2 * r] *= alpha;
+            o[dt][2 * r + 1] *= alpha;
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2 * NP; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[nt][e] = ex2(fmaf(s[nt][e], sl2, -mb[e >> 1]));
+          }
+        }
+
+        // O += P V: the score accumulators of two adjacent key n-tiles form one A fragment.
+#pragma unroll
+        for (int ks = 0; ks < NP; ++ks) {
+          const uint32_t pa[4] = {pack_half2(s[2 * ks][0], s[2 * ks][1]), pack_half2(s[2 * ks][2], s[2 * ks][3]),
+                                  pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                                  pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+          mma_16816(lacc, pa, kHalf2Ones, kHalf2Ones);
+          if constexpr (HD == 8) {
+            uint32_t b0, b1;
+            ldsm_x2_t(b0, b1, v_tile + ks * 16 * LD * 2);
+            mma_16816(o[0], pa, b0, b1);
+          } else {
+#pragma unroll
+            for (int dp = 0; dp < HD / 16; ++dp) {
+              uint32_t b0, b1, b2, b3;
+              ldsm_x4_t(b0, b1, b2, b3, v_tile + (ks * 16 * LD + dp * 16) * 2);
+              mma_16816(o[2 * dp], pa, b0, b1);
+              mma_16816(o[2 * dp + 1], pa, b2, b3);
+            }
+          }
+        }
+      };
+      if (kneed <= BK / 2) {
+        step(std::integral_constant<int, BK / 32>{});
+      } else {
+        step(std::integral_constant<int, BK / 16>{});
       }
     }
     __syncthreads();  // the stage just read is refilled by the next iteration's prefetch

@@ -288,6 +288,131 @@ __global__ void __launch_bounds__(TPR == kWarp ? kWarp * kMaxWarpRowsPerBlock : 
   }
 }
 
+// The pack gather with kPackRows consecutive work items per warp (D <= 256, D % 4 == 0): the
+// index loads of all its items (length, start of the sequence) issue together, then the x loads
+// of its valid rows, then the rows are normalised. A warp per item pays the chain of dependent
+// loads (length -> start -> x) for every row, which made the pass latency-bound at large B;
+// here it is paid once per kPackRows rows, with their x loads in flight together. The same
+// routing as route() (Mode::pack) and the same arithmetic as row_norm_kernel, so the same bits.
+constexpr int kPackRows = 4;
+
+template <class OutT, int NV>
+__global__ void __launch_bounds__(kWarp * kMaxWarpRowsPerBlock) pack_rows_kernel(const RowNormArgs a) {
+  constexpr int VEC = 4, TPR = kWarp;
+  ptx::pdl_launch_dependents();
+  ptx::pdl_wait();  // launch_pdl: every input comes from earlier work of the stream
+  const int lane = int(threadIdx.x & (kWarp - 1));
+  const int64_t item0 = (int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp) * kPackRows;
+  if (item0 >= a.rows) return;  // uniform per warp
+  const int D = a.D;
+  OutT* const out = static_cast<OutT*>(a.out);
+
+  int len[kPackRows];
+  int64_t first[kPackRows];
+#pragma unroll
+  for (int r = 0; r < kPackRows; ++r) {
+    const int64_t item = item0 + r;
+    len[r] = 0;
+    first[r] = 0;
+    if (item < a.padded_rows) {
+      const int64_t seq = item / a.S;
+      len[r] = seq_length(a, seq);
+      first[r] = a.seq_start[seq];
+    }
+  }
+  const int64_t T = a.seq_start[a.B];
+
+  int64_t dst[kPackRows];  // packed row of each item, -1: nothing to normalise
+  float v[kPackRows][NV][VEC];
+#pragma unroll
+  for (int r = 0; r < kPackRows; ++r) {
+    const int64_t item = item0 + r;
+    dst[r] = -1;
+    if (item >= a.rows) continue;
+    if (item >= a.padded_rows) {
+      zero_tail_row<OutT, VEC, TPR>(a, item, lane);
+      continue;
+    }
+    const int s = int(item - (item / a.S) * a.S);
+    if (s >= len[r]) {
+      if (a.y != nullptr) zero_row<float, VEC, TPR>(a.y + item * D, D, lane);
+      const int64_t t = T + (item - first[r] - len[r]);
+      if (t < a.Tcap) zero_tail_row<OutT, VEC, TPR>(a, t, lane);
+      continue;
+    }
+    const int64_t row = first[r] + s;
+    if (row >= a.Tcap) {
+      if (lane == 0 && a.overflow != nullptr) *a.overflow = 1;
+      continue;
+    }
+    if (lane == 0) a.row_dst[row] = int32_t(item);
+    dst[r] = row;
+    const float* x = a.x + item * D;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int col = (i * TPR + lane) * VEC;
+      if (col < D) {
+        load_vec(v[r][i], x + col);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[r][i][j] = 0.f;
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < kPackRows; ++r) {
+    if (dst[r] < 0) continue;  // uniform per warp
+    if (a.x_packed != nullptr) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int col = (i * TPR + lane) * VEC;
+        if (col < D) store_vec(a.x_packed + dst[r] * D + col, v[r][i]);
+      }
+    }
+    const float shift = __shfl_sync(0xffffffffu, v[r][0][0], 0);  // x[0] of the row (lane 0, col 0)
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int col = (i * TPR + lane) * VEC;
+      if (col < D) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          v[r][i][j] -= shift;
+          sum += v[r][i][j];
+        }
+      }
+    }
+    const float mean = row_sum<TPR>(sum) / float(D);
+    float sq = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int col = (i * TPR + lane) * VEC;
+      if (col < D) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float d = v[r][i][j] - mean;
+          sq += d * d;
+        }
+      }
+    }
+    const float rstd = rsqrtf(row_sum<TPR>(sq) / float(D) + a.eps);
+    OutT* const o_row = out + dst[r] * D;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int col = (i * TPR + lane) * VEC;
+      if (col < D) {
+        float w[VEC], b[VEC], o[VEC];
+        load_vec(w, a.w + col);
+        load_vec(b, a.b + col);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o[j] = (v[r][i][j] - mean) * rstd * w[j] + b[j];
+        store_vec(o_row + col, o);
+      }
+    }
+  }
+}
+
 // Rows wider than the register budget: one block per row, three passes over the row in memory
 // (mostly L1/L2 hits after the first).
 template <class OutT, Mode M>
@@ -351,6 +476,20 @@ void dispatch(const RowNormArgs& a, cudaStream_t s) {
   if (a.rows <= 0) return;
   if (a.D < 1) throw CudaError("row kernel: D < 1");
   const RowNormLaunch l = choose_row_norm_launch(a.D);
+  if constexpr (M == Mode::pack) {
+    if (l.threads_per_row == kWarp && l.vec == 4 && l.per_thread <= 2) {
+      const int rpb = a.rows_per_block > 0 ? a.rows_per_block : kWarpRowsPerBlock;
+      const int64_t warps = (a.rows + kPackRows - 1) / kPackRows;
+      const dim3 grid(grid_for((warps + rpb - 1) / rpb)), block(kWarp * rpb);
+      if (l.per_thread == 1) {
+        launch_pdl(pack_rows_kernel<OutT, 1>, grid, block, 0, s, a);
+      } else {
+        launch_pdl(pack_rows_kernel<OutT, 2>, grid, block, 0, s, a);
+      }
+      HK_CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
   if (l.threads_per_row == 0) {
     launch_pdl(row_norm_loop_kernel<OutT, M>, dim3(grid_for(a.rows)), dim3(kBlockThreads), 0, s, a);
     HK_CUDA_CHECK_LAUNCH();

@@ -4,7 +4,7 @@
 # under lib/ (found through an $ORIGIN/../lib rpath), the Python peers/reference scripts and
 # the case table. The CUDA libraries (cuBLASLt, cuDNN) come from the GPU machine itself.
 # HK_DEVICE_MPI=ON: an MPI build, and Open MPI's runtime under mpi/ (see pack_mpi_runtime).
-# HK_DEVICE_STAGE: the output folder (default stage/).
+# HK_DEVICE_STAGE: the output folder (default stage/). HK_STAGE_SKIP: executables left out.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${HK_DEVICE_BUILD:-$root/build-device}
@@ -85,8 +85,10 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHK_ENABLE_CUDA=ON \
 cmake --build "$build" -j"${HK_JOBS:-2}"
 
 rm -rf "$stage" && mkdir -p "$stage/pkg/bin" "$stage/pkg/lib" "$stage/pkg/share"
-# Every executable the device script may run.
+# Every executable the device script may run, less those named in HK_STAGE_SKIP (space-separated
+# names, e.g. the host-only test programs, when the stage would not fit a device call's 64 MiB).
 while IFS= read -r exe; do
+  [[ " ${HK_STAGE_SKIP:-} " == *" ${exe##*/} "* ]] && continue
   cp "$exe" "$stage/pkg/bin/"
 done < <(find "$build/apps" "$build/test" "$build/perf" -maxdepth 3 -type f -executable \
            \( -name 'hk_*' -o -name 'test_*' \) ! -name '*.so' 2>/dev/null)
