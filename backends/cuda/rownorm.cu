@@ -207,6 +207,78 @@ __device__ __forceinline__ bool route(const RowNormArgs& a, int64_t item, int ti
   }
 }
 
+// The thread's slice of a row: columns (i * TPR + tid) * VEC, zeros past D.
+template <int VEC, int NV, int TPR>
+__device__ __forceinline__ void load_row(float (&v)[NV][VEC], const float* x, int D, int tid) {
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int col = (i * TPR + tid) * VEC;
+    if (col < D) {
+      load_vec(v[i], x + col);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
+    }
+  }
+}
+
+// The slice back to a row (the packed fp32 copy).
+template <int VEC, int NV, int TPR>
+__device__ __forceinline__ void store_row(float* dst, const float (&v)[NV][VEC], int D, int tid) {
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int col = (i * TPR + tid) * VEC;
+    if (col < D) store_vec(dst + col, v[i]);
+  }
+}
+
+// out_row = LN(row; a.w, a.b) from the thread's slice v (load_row's layout): statistics of the
+// row shifted by `shift` (its first element), mean first, then the centred sum of squares. (The
+// launch arguments are read where used: passed as values they made ptxas spill at VEC 1, NV 32.)
+template <class OutT, int VEC, int NV, int TPR>
+__device__ __forceinline__ void normalize_row(float (&v)[NV][VEC], float shift, const RowNormArgs& a, OutT* out_row,
+                                              int tid) {
+  const int D = a.D;
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int col = (i * TPR + tid) * VEC;
+    if (col < D) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        v[i][j] -= shift;
+        sum += v[i][j];
+      }
+    }
+  }
+  const float mean = row_sum<TPR>(sum) / float(D);  // of the shifted row
+  float sq = 0.f;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int col = (i * TPR + tid) * VEC;
+    if (col < D) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float d = v[i][j] - mean;
+        sq += d * d;
+      }
+    }
+  }
+  const float rstd = rsqrtf(row_sum<TPR>(sq) / float(D) + a.eps);
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int col = (i * TPR + tid) * VEC;
+    if (col < D) {
+      float wv[VEC], bv[VEC], o[VEC];
+      load_vec(wv, a.w + col);
+      load_vec(bv, a.b + col);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) o[j] = (v[i][j] - mean) * rstd * wv[j] + bv[j];
+      store_vec(out_row + col, o);
+    }
+  }
+}
+
 template <class OutT, int VEC, int NV, int TPR, Mode M>
 __global__ void __launch_bounds__(TPR == kWarp ? kWarp * kMaxWarpRowsPerBlock : TPR)
     row_norm_kernel(const RowNormArgs a) {
@@ -224,68 +296,14 @@ __global__ void __launch_bounds__(TPR == kWarp ? kWarp * kMaxWarpRowsPerBlock : 
   if (!route<M, OutT, VEC, TPR>(a, item, tid, x, out, copy)) return;
 
   float v[NV][VEC];
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int col = (i * TPR + tid) * VEC;
-    if (col < D) {
-      load_vec(v[i], x + col);
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
-    }
-  }
+  load_row<VEC, NV, TPR>(v, x, D, tid);
   if constexpr (M == Mode::pack) {
-    if (copy != nullptr) {
-#pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int col = (i * TPR + tid) * VEC;
-        if (col < D) store_vec(copy + col, v[i]);
-      }
-    }
+    if (copy != nullptr) store_row<VEC, NV, TPR>(copy, v, D, tid);
   }
   // The row's first element, read by every thread: a broadcast of a sector the row load fetches
   // anyway (no barrier; a warp shuffle of thread 0's copy made ptxas spill at VEC 1, NV 8).
   const float shift = x[0];
-  float sum = 0.f;
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int col = (i * TPR + tid) * VEC;
-    if (col < D) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        v[i][j] -= shift;
-        sum += v[i][j];
-      }
-    }
-  }
-  const float mean = row_sum<TPR>(sum) / float(D);  // of the shifted row
-
-  float sq = 0.f;
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int col = (i * TPR + tid) * VEC;
-    if (col < D) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float d = v[i][j] - mean;
-        sq += d * d;
-      }
-    }
-  }
-  const float rstd = rsqrtf(row_sum<TPR>(sq) / float(D) + a.eps);
-
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int col = (i * TPR + tid) * VEC;
-    if (col < D) {
-      float w[VEC], b[VEC], o[VEC];
-      load_vec(w, a.w + col);
-      load_vec(b, a.b + col);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) o[j] = (v[i][j] - mean) * rstd * w[j] + b[j];
-      store_vec(out + col, o);
-    }
-  }
+  normalize_row<OutT, VEC, NV, TPR>(v, shift, a, out, tid);
 }
 
 // The pack gather with kPackRows consecutive work items per warp (D <= 256, D % 4 == 0): the
@@ -347,69 +365,15 @@ __global__ void __launch_bounds__(kWarp * kMaxWarpRowsPerBlock) pack_rows_kernel
     }
     if (lane == 0) a.row_dst[row] = int32_t(item);
     dst[r] = row;
-    const float* x = a.x + item * D;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int col = (i * TPR + lane) * VEC;
-      if (col < D) {
-        load_vec(v[r][i], x + col);
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) v[r][i][j] = 0.f;
-      }
-    }
+    load_row<VEC, NV, TPR>(v[r], a.x + item * D, D, lane);
   }
 
 #pragma unroll
   for (int r = 0; r < kPackRows; ++r) {
     if (dst[r] < 0) continue;  // uniform per warp
-    if (a.x_packed != nullptr) {
-#pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int col = (i * TPR + lane) * VEC;
-        if (col < D) store_vec(a.x_packed + dst[r] * D + col, v[r][i]);
-      }
-    }
+    if (a.x_packed != nullptr) store_row<VEC, NV, TPR>(a.x_packed + dst[r] * D, v[r], D, lane);
     const float shift = __shfl_sync(0xffffffffu, v[r][0][0], 0);  // x[0] of the row (lane 0, col 0)
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int col = (i * TPR + lane) * VEC;
-      if (col < D) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          v[r][i][j] -= shift;
-          sum += v[r][i][j];
-        }
-      }
-    }
-    const float mean = row_sum<TPR>(sum) / float(D);
-    float sq = 0.f;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int col = (i * TPR + lane) * VEC;
-      if (col < D) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float d = v[r][i][j] - mean;
-          sq += d * d;
-        }
-      }
-    }
-    const float rstd = rsqrtf(row_sum<TPR>(sq) / float(D) + a.eps);
-    OutT* const o_row = out + dst[r] * D;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int col = (i * TPR + lane) * VEC;
-      if (col < D) {
-        float w[VEC], b[VEC], o[VEC];
-        load_vec(w, a.w + col);
-        load_vec(b, a.b + col);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) o[j] = (v[r][i][j] - mean) * rstd * w[j] + b[j];
-        store_vec(o_row + col, o);
-      }
-    }
+    normalize_row<OutT, VEC, NV, TPR>(v[r], shift, a, out + dst[r] * D, lane);
   }
 }
 
