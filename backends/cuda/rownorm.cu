@@ -325,17 +325,28 @@ __global__ void __launch_bounds__(kWarp * kMaxWarpRowsPerBlock) pack_rows_kernel
   const int D = a.D;
   OutT* const out = static_cast<OutT*>(a.out);
 
+  // Sequence and position of each item: one division for the warp's first item, then a step of
+  // one position (the items are consecutive padded rows); per-item 64-bit divisions made this
+  // pass issue-bound.
   int len[kPackRows];
   int64_t first[kPackRows];
+  int pos[kPackRows];
+  {
+    int64_t seq = item0 / a.S;
+    int s = int(item0 - seq * a.S);
 #pragma unroll
-  for (int r = 0; r < kPackRows; ++r) {
-    const int64_t item = item0 + r;
-    len[r] = 0;
-    first[r] = 0;
-    if (item < a.padded_rows) {
-      const int64_t seq = item / a.S;
-      len[r] = seq_length(a, seq);
-      first[r] = a.seq_start[seq];
+    for (int r = 0; r < kPackRows; ++r) {
+      pos[r] = s;
+      len[r] = 0;
+      first[r] = 0;
+      if (item0 + r < a.padded_rows) {
+        len[r] = seq_length(a, seq);
+        first[r] = a.seq_start[seq];
+      }
+      if (++s == a.S) {
+        s = 0;
+        ++seq;
+      }
     }
   }
   const int64_t T = a.seq_start[a.B];
@@ -351,7 +362,7 @@ __global__ void __launch_bounds__(kWarp * kMaxWarpRowsPerBlock) pack_rows_kernel
       zero_tail_row<OutT, VEC, TPR>(a, item, lane);
       continue;
     }
-    const int s = int(item - (item / a.S) * a.S);
+    const int s = pos[r];
     if (s >= len[r]) {
       if (a.y != nullptr) zero_row<float, VEC, TPR>(a.y + item * D, D, lane);
       const int64_t t = T + (item - first[r] - len[r]);
