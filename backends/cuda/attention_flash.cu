@@ -64,9 +64,6 @@ template <int HD, int NW, int KS> constexpr int f16_min_blocks() {
 // into 8 different 16-byte bank groups; hd 8 rows (16 bytes) are conflict-free unpadded.
 template <int HD> __host__ __device__ constexpr int f16_ld() { return HD == 8 ? 8 : HD + 8; }
 
-// Q fragment registers per lane: all of the warp's Q when it stays in registers, else one k step.
-template <int HD> __host__ __device__ constexpr int flash_q_frags() { return HD == 8 ? 1 : (F16Tile<HD>::kQInRegs ? HD / 16 : 1); }
-
 template <int HD, int NW>
 constexpr size_t f16_smem_bytes() {
   return sizeof(__half) * size_t(f16_ld<HD>()) * (16 * NW + 4 * F16Tile<HD>::kBK);  // Q + 2 x (K, V)
@@ -151,204 +148,6 @@ __device__ __forceinline__ void store_zero_rows_f16(__half* out, const FlashArgs
     if (pos0 + r < a.S && c * 8 < a.hd) {
       *reinterpret_cast<uint4*>(out + (sh.row0 + pos0 + r) * a.out_stride + sh.h * a.hd + c * 8) = make_uint4(0, 0, 0, 0);
     }
-  }
-}
-
-// Per-lane ldmatrix offsets (bytes) inside the Q tile (this warp's rows), a K tile and a V tile;
-// see the fragment layouts of mma.m16n8k16.
-template <int HD> __device__ __forceinline__ uint32_t flash_q_lane(int warp, int lane) {
-  return uint32_t(((warp * 16 + (lane & 15)) * f16_ld<HD>() + (HD == 8 ? 0 : (lane >> 4) * 8)) * 2);
-}
-template <int HD> __device__ __forceinline__ uint32_t flash_k_lane(int lane) {
-  constexpr int LD = f16_ld<HD>();
-  return HD == 8 ? lane * LD * 2 : (((lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8) * 2;
-}
-template <int HD> __device__ __forceinline__ uint32_t flash_v_lane(int lane) {
-  constexpr int LD = f16_ld<HD>();
-  return HD == 8 ? (lane & 15) * LD * 2 : (((lane & 7) + (((lane >> 3) & 1) << 3)) * LD + (lane >> 4) * 8) * 2;
-}
-
-// One key tile for one warp: S = Q K^T of its 16 rows over the tile's keys, masks, online softmax
-// update of (m, lacc, o), O += P V. k_stage / v_stage: shared addresses of the tile's K / V stage;
-// k_lane / v_lane / q_base: flash_k_lane, flash_v_lane, the Q tile plus flash_q_lane.
-template <int HD>
-__device__ __forceinline__ void flash_warp_tile(const FlashArgs& a, int len, int qw0, int k0, int g, int t,
-                                                uint32_t q_base, uint32_t k_stage, uint32_t k_lane,
-                                                uint32_t v_stage, uint32_t v_lane,
-                                                const uint32_t (&qf)[flash_q_frags<HD>()][4],
-                                                float (&o)[HD / 8][4], float (&m)[2], float (&lacc)[4]) {
-  constexpr int BK = F16Tile<HD>::kBK;
-  constexpr bool kQRegs = F16Tile<HD>::kQInRegs;
-  constexpr int LD = f16_ld<HD>();
-  constexpr int NKT = BK / 8;  // n-tiles of the per-warp score tile [16, BK]
-  constexpr int NDT = HD / 8;  // n-tiles of the per-warp output tile [16, HD]
-  const float sl2 = a.scale_log2;
-  // Warp-uniform skips: rows all padding, or the whole key tile above this warp's diagonal.
-  const bool active = qw0 < len && !(a.causal && k0 > qw0 + 15);
-  if (active) {
-    const uint32_t k_tile = k_stage + k_lane;
-    const uint32_t v_tile = v_stage + v_lane;
-    // Keys of this tile any row of the warp can see (>= 1 here): up to the length and, under
-    // causal, up to the warp's last row. Where they fit in the first half of the tile (the
-    // diagonal tiles of the first two warps, the last tile of a short length) only that half is
-    // computed (NP = BK / 32 16-key groups; the rest would be masked to zero weight), else all
-    // of it (NP = BK / 16). Two straight-line copies of the step: a runtime bound inside the
-    // unrolled loops splits them into branches and costs more than it saves.
-    const int kneed = min(a.causal ? min(len, qw0 + 16) : len, k0 + BK) - k0;
-    const auto step = [&](auto np_c) {
-      constexpr int NP = decltype(np_c)::value;
-      static_assert(NP >= 1 && 16 * NP <= BK && (HD != 8 || NP % 2 == 0), "whole 16-key groups (hd 8: 32)");
-
-      // S = Q K^T for this warp's 16 rows and the tile's first 16 * NP keys.
-      float s[NKT][4];
-#pragma unroll
-      for (int i = 0; i < 2 * NP; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-      if constexpr (HD == 8) {
-#pragma unroll
-        for (int np = 0; np < (NP + 1) / 2; ++np) {
-          uint32_t b0, b1, b2, b3;
-          ldsm_x4(b0, b1, b2, b3, k_tile + np * 32 * LD * 2);
-          mma_1688(s[4 * np + 0], qf[0][0], qf[0][1], b0);
-          mma_1688(s[4 * np + 1], qf[0][0], qf[0][1], b1);
-          mma_1688(s[4 * np + 2], qf[0][0], qf[0][1], b2);
-          mma_1688(s[4 * np + 3], qf[0][0], qf[0][1], b3);
-        }
-      } else {
-#pragma unroll
-        for (int ks = 0; ks < HD / 16; ++ks) {
-          uint32_t af[4];
-          if constexpr (kQRegs) {
-            af[0] = qf[ks][0]; af[1] = qf[ks][1]; af[2] = qf[ks][2]; af[3] = qf[ks][3];
-          } else {
-            ldsm_x4(af[0], af[1], af[2], af[3], q_base + ks * 32);
-          }
-#pragma unroll
-          for (int np = 0; np < NP; ++np) {
-            uint32_t b0, b1, b2, b3;
-            ldsm_x4(b0, b1, b2, b3, k_tile + (np * 16 * LD + ks * 16) * 2);
-            mma_16816(s[2 * np], af, b0, b1);
-            mma_16816(s[2 * np + 1], af, b2, b3);
-          }
-        }
-      }
-
-      // Masks only where the tile crosses the length or this warp's diagonal. Key j of this
-      // thread's element (nt, e) is k0 + 2t + nt*8 + (e & 1); row i may see keys up to
-      // lim(i) = causal ? min(i, len - 1) : len - 1, so the element stays iff its compile-time
-      // offset nt*8 + (e & 1) <= lim(i) - k0 - 2t (one compare per element).
-      if (k0 + 16 * NP > len || (a.causal && k0 + 16 * NP - 1 > qw0)) {
-        int lim[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int i = qw0 + g + 8 * r;
-          lim[r] = (a.causal ? min(i, len - 1) : len - 1) - (k0 + 2 * t);
-        }
-#pragma unroll
-        for (int nt = 0; nt < 2 * NP; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (nt * 8 + (e & 1) > lim[e >> 1]) s[nt][e] = -INFINITY;
-        }
-      }
-
-      // Online softmax: new row max over the quad, rescale the running sum and O.
-      float mx[2] = {m[0], m[1]};
-#pragma unroll
-      for (int nt = 0; nt < 2 * NP; ++nt) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
-      }
-      float mb[2];  // max in exp2 units; 0 while a row has seen only masked keys (avoids inf - inf)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        mb[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
-        const float alpha = ex2(m[r] * sl2 - mb[r]);
-        m[r] = mx[r];
-        lacc[2 * r] *= alpha;
-#pragma unroll
-        for (int dt = 0; dt < NDT; ++dt) {
-          o[dt][2 * r] *= alpha;
-          o[dt][2 * r + 1] *= alpha;
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < 2 * NP; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[nt][e] = ex2(fmaf(s[nt][e], sl2, -mb[e >> 1]));
-        }
-      }
-
-      // O += P V: the score accumulators of two adjacent key n-tiles form one A fragment.
-#pragma unroll
-      for (int ks = 0; ks < NP; ++ks) {
-        const uint32_t pa[4] = {pack_half2(s[2 * ks][0], s[2 * ks][1]), pack_half2(s[2 * ks][2], s[2 * ks][3]),
-                                pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                                pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-        mma_16816(lacc, pa, kHalf2Ones, kHalf2Ones);
-        if constexpr (HD == 8) {
-          uint32_t b0, b1;
-          ldsm_x2_t(b0, b1, v_tile + ks * 16 * LD * 2);
-          mma_16816(o[0], pa, b0, b1);
-        } else {
-#pragma unroll
-          for (int dp = 0; dp < HD / 16; ++dp) {
-            uint32_t b0, b1, b2, b3;
-            ldsm_x4_t(b0, b1, b2, b3, v_tile + (ks * 16 * LD + dp * 16) * 2);
-            mma_16816(o[2 * dp], pa, b0, b1);
-            mma_16816(o[2 * dp + 1], pa, b2, b3);
-          }
-        }
-      }
-    };
-    if (kneed <= BK / 2) {
-      step(std::integral_constant<int, BK / 32>{});
-    } else {
-      step(std::integral_constant<int, BK / 16>{});
-    }
-  }
-}
-
-// Q fragments of this warp's 16 rows (first key tile of a query tile; hd 256 re-reads them per tile).
-template <int HD>
-__device__ __forceinline__ void flash_load_q(uint32_t (&qf)[flash_q_frags<HD>()][4], uint32_t q_base) {
-  if constexpr (HD == 8) {
-    ldsm_x2(qf[0][0], qf[0][1], q_base);
-  } else if constexpr (F16Tile<HD>::kQInRegs) {
-#pragma unroll
-    for (int ks = 0; ks < HD / 16; ++ks) ldsm_x4(qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], q_base + ks * 32);
-  }
-}
-
-// Normalises this warp's 16 rows, stages them as fp16 in `stage_rows` (its own 16 rows of a
-// shared tile) and stores 16-byte chunks: rows >= len as zeros (dense) or not at all (packed).
-template <int HD>
-__device__ __forceinline__ void flash_store_warp_rows(const FlashArgs& a, const SeqHead& sh, int qw0,
-                                                      const float (&o)[HD / 8][4], const float (&lacc)[4],
-                                                      __half* stage_rows, int lane) {
-  constexpr int NDT = HD / 8;
-  constexpr int LD = f16_ld<HD>();
-  const int g = lane / 4, t = lane % 4;
-  float inv[2];
-  inv[0] = lacc[0] > 0.f ? 1.f / lacc[0] : 0.f;  // whole row sums already (the mma summed over the quad)
-  inv[1] = lacc[2] > 0.f ? 1.f / lacc[2] : 0.f;
-#pragma unroll
-  for (int dt = 0; dt < NDT; ++dt) {
-    *reinterpret_cast<__half2*>(stage_rows + g * LD + dt * 8 + 2 * t) =
-        __floats2half2_rn(o[dt][0] * inv[0], o[dt][1] * inv[0]);
-    *reinterpret_cast<__half2*>(stage_rows + (g + 8) * LD + dt * 8 + 2 * t) =
-        __floats2half2_rn(o[dt][2] * inv[1], o[dt][3] * inv[1]);
-  }
-  __syncwarp();
-  __half* out = static_cast<__half*>(a.out);
-  for (int idx = lane; idx < 16 * NDT; idx += 32) {
-    const int r = idx / NDT, c = idx % NDT;
-    const int pos = qw0 + r;
-    if (pos >= a.S || c * 8 >= a.hd || (pos >= sh.len && a.seq_start)) continue;
-    const uint4 v = pos < sh.len ? *reinterpret_cast<const uint4*>(stage_rows + r * LD + c * 8) : make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(out + (sh.row0 + pos) * a.out_stride + sh.h * a.hd + c * 8) = v;
   }
 }
 
@@ -443,9 +242,11 @@ __device__ __forceinline__ void flash_combine_split(const FlashArgs& a, const Se
 template <int HD, int NW, int KS = 1>
 __global__ void __launch_bounds__(NW * 32, (f16_min_blocks<HD, NW, KS>())) flash_f16_kernel(const FlashArgs a) {
   constexpr int BK = F16Tile<HD>::kBK;
+  constexpr bool kQRegs = F16Tile<HD>::kQInRegs;
   constexpr int BQ = 16 * NW;
   constexpr int NT = 32 * NW;
   constexpr int LD = f16_ld<HD>();
+  constexpr int NKT = BK / 8;  // n-tiles of the per-warp score tile [16, BK]
   constexpr int NDT = HD / 8;  // n-tiles of the per-warp output tile [16, HD]
   static_assert(HD % 16 == 0 || HD == 8, "head_dim instantiations are 8 or multiples of 16");
   static_assert(BK % 32 == 0, "hd 8 loads 32 keys per ldmatrix.x4; the others 16");
@@ -492,10 +293,13 @@ __global__ void __launch_bounds__(NW * 32, (f16_min_blocks<HD, NW, KS>())) flash
   }
   cp_async_commit();
 
-  const uint32_t q_base = smem_u32(sQ) + flash_q_lane<HD>(warp, lane);
-  const uint32_t k_lane = flash_k_lane<HD>(lane), v_lane = flash_v_lane<HD>(lane);
+  // Per-lane ldmatrix offsets (bytes) inside a tile; see the fragment layouts of mma.m16n8k16.
+  const uint32_t q_base = smem_u32(sQ + (warp * 16 + (lane & 15)) * LD + (HD == 8 ? 0 : (lane >> 4) * 8));
+  const uint32_t k_lane = HD == 8 ? lane * LD * 2 : (((lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8) * 2;
+  const uint32_t v_lane = HD == 8 ? (lane & 15) * LD * 2 : (((lane & 7) + (((lane >> 3) & 1) << 3)) * LD + (lane >> 4) * 8) * 2;
 
-  uint32_t qf[flash_q_frags<HD>()][4];
+  constexpr int kQFrags = HD == 8 ? 1 : (kQRegs ? HD / 16 : 1);
+  uint32_t qf[kQFrags][4];
   float o[NDT][4];
 #pragma unroll
   for (int i = 0; i < NDT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -504,6 +308,7 @@ __global__ void __launch_bounds__(NW * 32, (f16_min_blocks<HD, NW, KS>())) flash
   // rows g / g + 8 ([1] and [3] are never read). Instead of one add per probability on the
   // issue-bound path.
   float lacc[4] = {0.f, 0.f, 0.f, 0.f};
+  const float sl2 = a.scale_log2;
 
   for (int kb = kb_lo; kb < kb_hi; ++kb) {
     const int stage = (kb - kb_lo) & 1;
@@ -518,196 +323,169 @@ __global__ void __launch_bounds__(NW * 32, (f16_min_blocks<HD, NW, KS>())) flash
     }
     __syncthreads();
 
-    if (kb == kb_lo) flash_load_q<HD>(qf, q_base);
+    if (kb == kb_lo) {
+      if constexpr (HD == 8) {
+        ldsm_x2(qf[0][0], qf[0][1], q_base);
+      } else if constexpr (kQRegs) {
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ++ks) ldsm_x4(qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], q_base + ks * 32);
+      }
+    }
 
-    flash_warp_tile<HD>(a, sh.len, qw0, kb * BK, g, t, q_base, smem_u32(sK + stage * BK * LD), k_lane,
-                        smem_u32(sV + stage * BK * LD), v_lane, qf, o, m, lacc);
+    const int k0 = kb * BK;
+    // Warp-uniform skips: rows all padding, or the whole key tile above this warp's diagonal.
+    const bool active = qw0 < sh.len && !(a.causal && k0 > qw0 + 15);
+    if (active) {
+      const uint32_t k_tile = smem_u32(sK + stage * BK * LD) + k_lane;
+      const uint32_t v_tile = smem_u32(sV + stage * BK * LD) + v_lane;
+      // Keys of this tile any row of the warp can see (>= 1 here): up to the length and, under
+      // causal, up to the warp's last row. Where they fit in the first half of the tile (the
+      // diagonal tiles of the first two warps, the last tile of a short length) only that half is
+      // computed (NP = BK / 32 16-key groups; the rest would be masked to zero weight), else all
+      // of it (NP = BK / 16). Two straight-line copies of the step: a runtime bound inside the
+      // unrolled loops splits them into branches and costs more than it saves.
+      const int kneed = min(a.causal ? min(sh.len, qw0 + 16) : sh.len, k0 + BK) - k0;
+      const auto step = [&](auto np_c) {
+        constexpr int NP = decltype(np_c)::value;
+        static_assert(NP >= 1 && 16 * NP <= BK && (HD != 8 || NP % 2 == 0), "whole 16-key groups (hd 8: 32)");
+
+        // S = Q K^T for this warp's 16 rows and the tile's first 16 * NP keys.
+        float s[NKT][4];
+#pragma unroll
+        for (int i = 0; i < 2 * NP; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        if constexpr (HD == 8) {
+#pragma unroll
+          for (int np = 0; np < (NP + 1) / 2; ++np) {
+            uint32_t b0, b1, b2, b3;
+            ldsm_x4(b0, b1, b2, b3, k_tile + np * 32 * LD * 2);
+            mma_1688(s[4 * np + 0], qf[0][0], qf[0][1], b0);
+            mma_1688(s[4 * np + 1], qf[0][0], qf[0][1], b1);
+            mma_1688(s[4 * np + 2], qf[0][0], qf[0][1], b2);
+            mma_1688(s[4 * np + 3], qf[0][0], qf[0][1], b3);
+          }
+        } else {
+#pragma unroll
+          for (int ks = 0; ks < HD / 16; ++ks) {
+            uint32_t af[4];
+            if constexpr (kQRegs) {
+              af[0] = qf[ks][0]; af[1] = qf[ks][1]; af[2] = qf[ks][2]; af[3] = qf[ks][3];
+            } else {
+              ldsm_x4(af[0], af[1], af[2], af[3], q_base + ks * 32);
+            }
+#pragma unroll
+            for (int np = 0; np < NP; ++np) {
+              uint32_t b0, b1, b2, b3;
+              ldsm_x4(b0, b1, b2, b3, k_tile + (np * 16 * LD + ks * 16) * 2);
+              mma_16816(s[2 * np], af, b0, b1);
+              mma_16816(s[2 * np + 1], af, b2, b3);
+            }
+          }
+        }
+
+        // Masks only where the tile crosses the length or this warp's diagonal. Key j of this
+        // thread's element (nt, e) is k0 + 2t + nt*8 + (e & 1); row i may see keys up to
+        // lim(i) = causal ? min(i, len - 1) : len - 1, so the element stays iff its compile-time
+        // offset nt*8 + (e & 1) <= lim(i) - k0 - 2t (one compare per element).
+        if (k0 + 16 * NP > sh.len || (a.causal && k0 + 16 * NP - 1 > qw0)) {
+          int lim[2];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int i = qw0 + g + 8 * r;
+            lim[r] = (a.causal ? min(i, sh.len - 1) : sh.len - 1) - (k0 + 2 * t);
+          }
+#pragma unroll
+          for (int nt = 0; nt < 2 * NP; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (nt * 8 + (e & 1) > lim[e >> 1]) s[nt][e] = -INFINITY;
+          }
+        }
+
+        // Online softmax: new row max over the quad, rescale the running sum and O.
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int nt = 0; nt < 2 * NP; ++nt) {
+          mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
+          mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
+        }
+        float mb[2];  // max in exp2 units; 0 while a row has seen only masked keys (avoids inf - inf)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+          mb[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
+          const float alpha = ex2(m[r] * sl2 - mb[r]);
+          m[r] = mx[r];
+          lacc[2 * r] *= alpha;
+#pragma unroll
+          for (int dt = 0; dt < NDT; ++dt) {
+            o[dt][2 * r] *= alpha;
+            o[dt][2 * r + 1] *= alpha;
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2 * NP; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[nt][e] = ex2(fmaf(s[nt][e], sl2, -mb[e >> 1]));
+          }
+        }
+
+        // O += P V: the score accumulators of two adjacent key n-tiles form one A fragment.
+#pragma unroll
+        for (int ks = 0; ks < NP; ++ks) {
+          const uint32_t pa[4] = {pack_half2(s[2 * ks][0], s[2 * ks][1]), pack_half2(s[2 * ks][2], s[2 * ks][3]),
+                                  pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                                  pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+          mma_16816(lacc, pa, kHalf2Ones, kHalf2Ones);
+          if constexpr (HD == 8) {
+            uint32_t b0, b1;
+            ldsm_x2_t(b0, b1, v_tile + ks * 16 * LD * 2);
+            mma_16816(o[0], pa, b0, b1);
+          } else {
+#pragma unroll
+            for (int dp = 0; dp < HD / 16; ++dp) {
+              uint32_t b0, b1, b2, b3;
+              ldsm_x4_t(b0, b1, b2, b3, v_tile + (ks * 16 * LD + dp * 16) * 2);
+              mma_16816(o[2 * dp], pa, b0, b1);
+              mma_16816(o[2 * dp + 1], pa, b2, b3);
+            }
+          }
+        }
+      };
+      if (kneed <= BK / 2) {
+        step(std::integral_constant<int, BK / 32>{});
+      } else {
+        step(std::integral_constant<int, BK / 16>{});
+      }
+    }
     __syncthreads();  // the stage just read is refilled by the next iteration's prefetch
   }
 
+  const float l[2] = {lacc[0], lacc[2]};  // whole row sums already (the mma summed over the quad)
   if constexpr (KS > 1) {
-    const float l[2] = {lacc[0], lacc[2]};  // whole row sums already (the mma summed over the quad)
     flash_combine_split<HD, NW, KS>(a, sh, q0, o, m, l, smem_raw, warp, lane);
   } else {
-    flash_store_warp_rows<HD>(a, sh, qw0, o, lacc, sQ + warp * 16 * LD, lane);
-  }
-}
-
-// ---- persistent f16 kernel ----------------------------------------------------------------------
-// Many short (sequence, head) pairs (B = 10000 x 4 heads at S = 128) make the one-tile-per-CTA
-// grid mostly start-up: each CTA waits for its length, then its Q/K/V, computes one or two key
-// tiles and exits, and half of the last query tiles have no valid row at all. Here one wave of q64
-// CTAs loops over the work items (query tile, sequence, head), ordered as the grid above (last
-// query tiles first), CTA c taking items c, c + G, c + 2G, ...; items without a valid row are
-// skipped (32 probed per warp-wide load), and the next item's Q tile and first K/V tile are loaded
-// during the current item's last key tile (Q double-buffered, the K/V ring continues across
-// items). Packed layout or no lengths only: an item without valid rows is never written.
-constexpr int kPersistNW = 4;
-
-struct FlashItem {
-  int b, h, q0;
-};
-
-__device__ __forceinline__ FlashItem flash_item(const FlashArgs& a, int item, int bh_count, int tiles) {
-  FlashItem it;
-  const int y = item / bh_count;
-  const int bh = item - y * bh_count;
-  it.b = bh / a.H;
-  it.h = bh - it.b * a.H;
-  it.q0 = (tiles - 1 - y) * 16 * kPersistNW;
-  return it;
-}
-
-__device__ __forceinline__ int flash_clamped_length(const FlashArgs& a, int b) {
-  const int len = a.lengths ? a.lengths[b] : a.S;
-  return len < 0 ? 0 : (len > a.S ? a.S : len);
-}
-
-// The first item of this CTA's sequence from `start` on (start, start + G, ...) with a valid
-// query row; `items` when there is none. Every lane of the calling warp returns the same value.
-__device__ __forceinline__ int flash_next_item(const FlashArgs& a, int start, int items, int bh_count, int tiles,
-                                               int lane) {
-  const int64_t G = gridDim.x;
-  for (int64_t base = start; base < items; base += 32 * G) {
-    const int64_t cand = base + lane * G;
-    bool ok = false;
-    if (cand < items) {
-      const FlashItem it = flash_item(a, int(cand), bh_count, tiles);
-      ok = it.q0 < flash_clamped_length(a, it.b);
-    }
-    const unsigned hit = __ballot_sync(0xffffffffu, ok);
-    if (hit != 0u) return int(base + (__ffs(hit) - 1) * G);
-  }
-  return items;
-}
-
-template <int HD>
-constexpr size_t f16_persistent_smem_bytes() {
-  return f16_smem_bytes<HD, kPersistNW>() + sizeof(__half) * size_t(f16_ld<HD>()) * 16 * kPersistNW;  // 2nd Q tile
-}
-
-// Resident CTAs per SM the registers must allow: one fewer than flash_f16_kernel's at hd 8 and 16
-// (the loop over items holds a few more values; at the same cap they spilled), the same above.
-template <int HD> constexpr int f16_persistent_min_blocks() {
-  return HD == 8 ? 7 : HD == 16 ? 5 : f16_min_blocks<HD, kPersistNW, 1>();
-}
-
-template <int HD>
-__global__ void __launch_bounds__(kPersistNW * 32, (f16_persistent_min_blocks<HD>()))
-    flash_f16_persistent_kernel(const FlashArgs a, int items, int bh_count, int tiles) {
-  constexpr int NW = kPersistNW;
-  constexpr int BK = F16Tile<HD>::kBK;
-  constexpr int BQ = 16 * NW;
-  constexpr int NT = 32 * NW;
-  constexpr int LD = f16_ld<HD>();
-  constexpr int NDT = HD / 8;
-  static_assert(F16Tile<HD>::kQInRegs, "Q fragments stay in registers across the key tiles");
-
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  __half* sQ = reinterpret_cast<__half*>(smem_raw);  // [2][BQ][LD]: this item's Q, the next item's
-  __half* sK = sQ + 2 * BQ * LD;                      // [2][BK][LD]
-  __half* sV = sK + 2 * BK * LD;                      // [2][BK][LD]
-
-  pdl_launch_dependents();
-  pdl_wait();  // launch_pdl: lengths, offsets and qkv come from earlier kernels
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
-  const int D = a.H * a.hd;
-  const __half* qkv = static_cast<const __half*>(a.qkv);
-  const uint32_t q_lane = flash_q_lane<HD>(warp, lane);
-  const uint32_t k_lane = flash_k_lane<HD>(lane), v_lane = flash_v_lane<HD>(lane);
-
-  // Item `it` as a SeqHead (length, row of position 0).
-  const auto seq_of = [&](const FlashItem& it) {
-    SeqHead sh;
-    sh.b = it.b;
-    sh.h = it.h;
-    sh.len = flash_clamped_length(a, it.b);
-    sh.row0 = a.seq_start ? int64_t(a.seq_start[it.b]) : int64_t(it.b) * a.S;
-    return sh;
-  };
-  // Q tile of an item into Q buffer `qb`, and its key tile `kb` into K/V stage `st`.
-  const auto load_q = [&](const SeqHead& sh, int q0, int qb) {
-    load_tile_f16<BQ, HD, NT>(sQ + qb * BQ * LD, qkv + sh.h * a.hd, sh.row0, a.qkv_stride, q0, sh.len, a.hd);
-  };
-  const auto load_kv = [&](const SeqHead& sh, int kb, int st) {
-    const __half* k_col = qkv + D + sh.h * a.hd;
-    load_tile_f16<BK, HD, NT>(sK + st * BK * LD, k_col, sh.row0, a.qkv_stride, kb * BK, sh.len, a.hd);
-    load_tile_f16<BK, HD, NT>(sV + st * BK * LD, k_col + D, sh.row0, a.qkv_stride, kb * BK, sh.len, a.hd);
-  };
-
-  int cur = flash_next_item(a, int(blockIdx.x), items, bh_count, tiles, lane);
-  if (cur >= items) return;
-  FlashItem ci = flash_item(a, cur, bh_count, tiles);
-  SeqHead csh = seq_of(ci);
-  load_q(csh, ci.q0, 0);
-  load_kv(csh, 0, 0);
-  cp_async_commit();
-
-  int qb = 0, stage = 0;
-  for (;;) {
-    // The next item (its length and start row are loaded while this item computes).
-    // Only its length and first row are kept across the key loop (registers: the item's indices
-    // are derived again where they are needed).
-    const int nxt = flash_next_item(a, cur + int(gridDim.x), items, bh_count, tiles, lane);
-    int nlen = 0;
-    int64_t nrow0 = 0;
-    if (nxt < items) {
-      const SeqHead nsh = seq_of(flash_item(a, nxt, bh_count, tiles));
-      nlen = nsh.len;
-      nrow0 = nsh.row0;
-    }
-    const auto next_seq = [&](FlashItem& ni) {
-      ni = flash_item(a, nxt, bh_count, tiles);
-      SeqHead sh;
-      sh.b = ni.b;
-      sh.h = ni.h;
-      sh.len = nlen;
-      sh.row0 = nrow0;
-      return sh;
-    };
-    const int kend = a.causal ? min(csh.len, ci.q0 + BQ) : csh.len;
-    const int nkb = (kend + BK - 1) / BK;
-    const int qw0 = ci.q0 + warp * 16;
-    const uint32_t q_base = smem_u32(sQ + qb * BQ * LD) + q_lane;
-
-    uint32_t qf[flash_q_frags<HD>()][4];
-    float o[NDT][4];
+    // Normalise, stage this warp's 16 rows as fp16 in its own rows of sQ, store 16-byte chunks.
+    float inv[2];
 #pragma unroll
-    for (int i = 0; i < NDT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY};
-    float lacc[4] = {0.f, 0.f, 0.f, 0.f};
-
-    for (int kb = 0; kb < nkb; ++kb) {
-      // Prefetch into the other stage: this item's next key tile, else the next item's first
-      // one with its Q tile (the other Q buffer: last read before this item's first barrier).
-      if (kb + 1 < nkb) {
-        load_kv(csh, kb + 1, stage ^ 1);
-        cp_async_commit();
-        cp_async_wait<1>();
-      } else if (nxt < items) {
-        FlashItem ni;
-        const SeqHead nsh = next_seq(ni);
-        load_q(nsh, ni.q0, qb ^ 1);
-        load_kv(nsh, 0, stage ^ 1);
-        cp_async_commit();
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();
-      if (kb == 0) flash_load_q<HD>(qf, q_base);
-      flash_warp_tile<HD>(a, csh.len, qw0, kb * BK, g, t, q_base, smem_u32(sK + stage * BK * LD), k_lane,
-                          smem_u32(sV + stage * BK * LD), v_lane, qf, o, m, lacc);
-      __syncthreads();  // the stage just read is refilled by the next prefetch
-      stage ^= 1;
+    for (int r = 0; r < 2; ++r) inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    __half* stage_rows = sQ + warp * 16 * LD;
+#pragma unroll
+    for (int dt = 0; dt < NDT; ++dt) {
+      *reinterpret_cast<__half2*>(stage_rows + g * LD + dt * 8 + 2 * t) =
+          __floats2half2_rn(o[dt][0] * inv[0], o[dt][1] * inv[0]);
+      *reinterpret_cast<__half2*>(stage_rows + (g + 8) * LD + dt * 8 + 2 * t) =
+          __floats2half2_rn(o[dt][2] * inv[1], o[dt][3] * inv[1]);
     }
-    // This warp's rows of the current Q buffer stage the output (its Q fragments are in registers).
-    flash_store_warp_rows<HD>(a, csh, qw0, o, lacc, sQ + (qb * BQ + warp * 16) * LD, lane);
-    if (nxt >= items) break;
-    cur = nxt;
-    csh = next_seq(ci);
-    qb ^= 1;
+    __syncwarp();
+    for (int idx = lane; idx < 16 * NDT; idx += 32) {
+      const int r = idx / NDT, c = idx % NDT;
+      const int pos = qw0 + r;
+      if (pos >= a.S || c * 8 >= a.hd || (pos >= sh.len && a.seq_start)) continue;
+      const uint4 v = pos < sh.len ? *reinterpret_cast<const uint4*>(stage_rows + r * LD + c * 8) : make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(out + (sh.row0 + pos) * a.out_stride + sh.h * a.hd + c * 8) = v;
+    }
   }
 }
 
@@ -874,8 +652,6 @@ FlashArgs make_args(const AttentionParams& p) {
   return a;
 }
 
-int current_sm_count();
-
 template <typename Kernel>
 void raise_smem_limit(Kernel kernel, size_t bytes) {
   if (bytes > 48 * 1024) {
@@ -883,12 +659,8 @@ void raise_smem_limit(Kernel kernel, size_t bytes) {
   }
 }
 
-// Head-dim buckets of the persistent kernel: the ones short sequences with many heads use.
-constexpr int kPersistHeadDims[] = {8, 16, 32, 64};
-
 template <int HD>
 void raise_limits_hd() {
-  if constexpr (HD <= 64) raise_smem_limit(flash_f16_persistent_kernel<HD>, f16_persistent_smem_bytes<HD>());
   raise_smem_limit(flash_f16_kernel<HD, 4>, f16_smem_bytes<HD, 4>());
   raise_smem_limit(flash_f16_kernel<HD, 1>, f16_smem_bytes<HD, 1>());
   raise_smem_limit(flash_f32_kernel<HD>, f32_smem_bytes<HD>());
@@ -918,25 +690,6 @@ template <int HD, int NW>
 void launch_f16(const AttentionParams& p, cudaStream_t stream) {
   const dim3 grid(p.B * p.H, (p.S + 16 * NW - 1) / (16 * NW));
   launch_pdl(flash_f16_kernel<HD, NW>, grid, dim3(NW * 32), f16_smem_bytes<HD, NW>(), stream, make_args(p));
-  HK_CUDA_CHECK_LAUNCH();
-}
-
-// The persistent grid: one wave (resident CTAs per SM x SMs, asked once per process for the
-// current device), at most one CTA per item.
-template <int HD>
-void launch_f16_persistent(const AttentionParams& p, cudaStream_t stream) {
-  static const int per_sm = [] {
-    int n = 0;
-    HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, flash_f16_persistent_kernel<HD>, kPersistNW * 32,
-                                                                f16_persistent_smem_bytes<HD>()));
-    return n < 1 ? 1 : n;
-  }();
-  const int tiles = (p.S + 16 * kPersistNW - 1) / (16 * kPersistNW);
-  const int bh = p.B * p.H;
-  const int items = bh * tiles;
-  const int grid = int(std::min<int64_t>(items, int64_t(per_sm) * current_sm_count()));
-  launch_pdl(flash_f16_persistent_kernel<HD>, dim3(grid), dim3(kPersistNW * 32), f16_persistent_smem_bytes<HD>(), stream,
-             make_args(p), items, bh, tiles);
   HK_CUDA_CHECK_LAUNCH();
 }
 
@@ -1066,36 +819,6 @@ const char* attention_flash_name(const AttentionParams& p, FlashQueryTile tile) 
 
 const char* attention_flash_name(const AttentionParams& p) {
   return attention_flash_name(p, FlashQueryTile::automatic);
-}
-
-bool attention_flash_persistent_supports(const AttentionParams& p) {
-  if (p.dtype != DType::f16 || !attention_flash_supports(p)) return false;
-  if (p.lengths != nullptr && p.seq_start == nullptr) return false;  // dense padding rows need zeros
-  const int bucket = head_dim_bucket(p.head_dim);
-  if (std::find(std::begin(kPersistHeadDims), std::end(kPersistHeadDims), bucket) == std::end(kPersistHeadDims))
-    return false;
-  // Item indices (and the probes past the last item) stay in int.
-  const int64_t items = int64_t(p.B) * p.H * ((p.S + 63) / 64);
-  return items <= INT32_MAX / 2;
-}
-
-void attention_flash_persistent(const AttentionParams& p, cudaStream_t stream) {
-  if (!attention_flash_persistent_supports(p))
-    throw std::invalid_argument("hk::attention[cuda.flash persistent]: unsupported parameters");
-  if (p.B == 0 || p.S == 0) return;
-  switch (head_dim_bucket(p.head_dim)) {
-    case 8: return launch_f16_persistent<8>(p, stream);
-    case 16: return launch_f16_persistent<16>(p, stream);
-    case 32: return launch_f16_persistent<32>(p, stream);
-    default: return launch_f16_persistent<64>(p, stream);
-  }
-}
-
-const char* attention_flash_persistent_name(const AttentionParams& p) {
-  static const char* const kNames[] = {"hk::attention[cuda.flash.hd8.q64p.f16]", "hk::attention[cuda.flash.hd16.q64p.f16]",
-                                       "hk::attention[cuda.flash.hd32.q64p.f16]", "hk::attention[cuda.flash.hd64.q64p.f16]"};
-  if (p.head_dim < 1 || p.head_dim > 64) return "hk::attention[cuda.flash.persistent.unsupported]";
-  return kNames[bucket_index(head_dim_bucket(p.head_dim))];
 }
 
 bool attention_flash_split_supports(const AttentionParams& p, int splits) {

@@ -40,14 +40,4 @@ bool attention_flash_split_supports(const AttentionParams& p, int splits);
 void attention_flash_split(const AttentionParams& p, cudaStream_t stream, int splits);
 const char* attention_flash_split_name(const AttentionParams& p, int splits);  // "...hd32.q64k2.f16]"
 
-// Persistent q64 kernel: one wave of CTAs loops over the (query tile, sequence, head) items,
-// skipping items without valid rows and loading the next item's Q and first K/V tile during the
-// current item's last key tile. For many short sequences (the padding-free layout at large B),
-// where the one-tile-per-CTA grid is dominated by CTA start-up. f16, head_dim buckets 8..64, the
-// packed layout or no lengths (dense padded layouts are not served: their empty tiles need
-// zeros); same output contract as above.
-bool attention_flash_persistent_supports(const AttentionParams& p);
-void attention_flash_persistent(const AttentionParams& p, cudaStream_t stream);
-const char* attention_flash_persistent_name(const AttentionParams& p);  // "...hd32.q64p.f16]"
-
 }  // namespace hk::cuda

@@ -34,7 +34,6 @@ bool flash_route_supports([[maybe_unused]] const AttentionParams& p, [[maybe_unu
 #if HK_CUDA_HAVE_FLASH
   if (tile == FlashTile::q64k2 || tile == FlashTile::q64k4)
     return attention_flash_split_supports(p, tile == FlashTile::q64k2 ? 2 : 4);
-  if (tile == FlashTile::q64p) return attention_flash_persistent_supports(p);
   return attention_flash_supports(p);
 #else
   return false;
@@ -57,7 +56,6 @@ FlashQueryTile query_tile(FlashTile t) {
 std::string flash_route_name([[maybe_unused]] const AttentionParams& p, [[maybe_unused]] FlashTile tile) {
 #if HK_CUDA_HAVE_FLASH
   if (key_splits(tile) > 1) return attention_flash_split_name(p, key_splits(tile));
-  if (tile == FlashTile::q64p) return attention_flash_persistent_name(p);
   return attention_flash_name(p, query_tile(tile));
 #else
   return "hk::attention[cuda.flash: not built]";
@@ -68,7 +66,6 @@ void flash_route_run([[maybe_unused]] const AttentionParams& p, [[maybe_unused]]
                      [[maybe_unused]] FlashTile tile) {
 #if HK_CUDA_HAVE_FLASH
   if (key_splits(tile) > 1) return attention_flash_split(p, stream, key_splits(tile));
-  if (tile == FlashTile::q64p) return attention_flash_persistent(p, stream);
   attention_flash(p, stream, query_tile(tile));
 #else
   throw CudaError("the flash attention route is not part of this build");

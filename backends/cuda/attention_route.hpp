@@ -17,9 +17,8 @@ namespace hk::cuda {
 // The own flash kernel (the default route). Its f16 kernel has two query tiles; `automatic`
 // picks one by occupancy, the explicit ones are the measured alternatives (f32 ignores the tile).
 // q64k2 / q64k4: q64 tiles with the keys split over a cluster of 2 / 4 CTAs (f16, sm_90+, head
-// dims 16-64; flash_route_supports(p, tile) says where). q64p: the persistent q64 kernel (one wave
-// of CTAs looping over the query tiles; f16, head dims 8-64, packed layout or no lengths).
-enum class FlashTile { automatic, q64, q16, q64k2, q64k4, q64p };
+// dims 16-64; flash_route_supports(p, tile) says where).
+enum class FlashTile { automatic, q64, q16, q64k2, q64k4 };
 bool flash_route_compiled();
 bool flash_route_supports(const AttentionParams& p);
 bool flash_route_supports(const AttentionParams& p, FlashTile tile);

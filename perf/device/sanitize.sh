@@ -6,7 +6,6 @@
 #   tune1        HK_TUNE=1 with no cache: every candidate of every decision is measured, so each
 #                one runs under the tool (its timings mean nothing there)
 #   flash, flash.q16, flash.q64, flash.k2, flash.k4, cudnn   HK_ATTENTION pinned (HK_TUNE=0)
-#   flash.q64p   HK_ATTENTION=flash.q64p with HK_PACK=1 (the persistent kernel needs the packed layout)
 #   epilogue     HK_GELU=epilogue (HK_TUNE=0)
 #   chains-off   HK_CHAINS=off with HK_TUNE=1: the tuned plan of single-step kernels
 #   post_attn_qkv, post_attn_qkv-pack1   HK_CHAINS=post_attn_qkv (HK_TUNE=0), dense and HK_PACK=1 (D = F = 128 input)
@@ -113,7 +112,6 @@ route_env[flash.q16]="HK_TUNE=0 HK_ATTENTION=flash.q16";           route_opt[fla
 route_env[flash.q64]="HK_TUNE=0 HK_ATTENTION=flash.q64";           route_opt[flash.q64]="--precision fast"
 route_env[flash.k2]="HK_TUNE=0 HK_ATTENTION=flash.k2";             route_opt[flash.k2]="--precision fast"
 route_env[flash.k4]="HK_TUNE=0 HK_ATTENTION=flash.k4";             route_opt[flash.k4]="--precision fast"
-route_env[flash.q64p]="HK_TUNE=0 HK_ATTENTION=flash.q64p HK_PACK=1"; route_opt[flash.q64p]="--precision fast"
 route_env[cudnn]="HK_TUNE=0 HK_ATTENTION=cudnn";                   route_opt[cudnn]="--precision fast"
 route_env[epilogue]="HK_TUNE=0 HK_GELU=epilogue";                  route_opt[epilogue]="--precision fast"
 route_env[chains-off]="HK_TUNE=1 HK_TUNE_CACHE=off HK_TUNE_VERBOSE=1 HK_CHAINS=off"
@@ -157,11 +155,6 @@ for tool in memcheck racecheck synccheck initcheck; do
   add $tool flash.k4 split
   add $tool flash.k2 long
   add $tool flash.k4 long
-done
-# The persistent flash kernel (padding-free layout): head dims 8 (small), 32 (split; split-big: CTAs
-# looping over several items) and 64 (long: three query tiles per sequence).
-for tool in memcheck racecheck synccheck; do
-  for s in small split split-big long; do add $tool flash.q64p $s; done
 done
 # The QKV chain's persistent loop (pinned: its default configuration; tune1: every candidate).
 add memcheck post_attn_qkv split-big

@@ -47,13 +47,12 @@ namespace {
 constexpr uint16_t kPoisonF16 = 0x7E00u;      // quiet NaN
 constexpr uint32_t kPoisonF32 = 0x7FC00000u;  // quiet NaN
 
-enum class Lens { full, null, edge, random, zero };  // edge: 0, 1 and S mixed
+enum class Lens { full, null, edge, random };  // edge: 0, 1 and S mixed
 const char* lens_name(Lens l) {
   switch (l) {
     case Lens::full: return "S";
     case Lens::null: return "null";
     case Lens::edge: return "0/1/S";
-    case Lens::zero: return "0";
     default: return "rand";
   }
 }
@@ -66,7 +65,6 @@ struct Case {
   Lens lens = Lens::random;
   FlashQueryTile tile = FlashQueryTile::automatic;
   int splits = 0;     // 2 / 4: keys split over a cluster (attention_flash_split); 0: attention_flash
-  bool persistent = false;  // attention_flash_persistent
   int qkv_pad = 0;    // extra elements per qkv row
   int out_pad = 0;    // extra elements per out row
   float q_amp = 1.f;  // > 1 gives peaked softmax rows (exercises the running-max rescale)
@@ -111,7 +109,6 @@ Problem make_problem(const Case& c, std::mt19937_64& rng) {
       case Lens::full:
       case Lens::null: pr.lengths[b] = c.S; break;
       case Lens::edge: pr.lengths[b] = edge[(b + rot) % 3]; break;
-      case Lens::zero: pr.lengths[b] = 0; break;
       default: pr.lengths[b] = any_len(rng); break;
     }
   }
@@ -308,19 +305,13 @@ Outcome run_case(const Case& c, std::mt19937_64& rng, std::string& name) {
   p.scale = float(1.0 / std::sqrt(double(c.hd)));
   p.causal = c.causal;
   p.dtype = c.dtype;
-  name = c.persistent ? hk::cuda::attention_flash_persistent_name(p)
-         : c.splits   ? hk::cuda::attention_flash_split_name(p, c.splits)
-                      : hk::cuda::attention_flash_name(p, c.tile);
-  const bool supported = c.persistent ? hk::cuda::attention_flash_persistent_supports(p)
-                         : c.splits   ? hk::cuda::attention_flash_split_supports(p, c.splits)
-                                      : hk::cuda::attention_flash_supports(p);
-  if (!supported) {
+  name = c.splits ? hk::cuda::attention_flash_split_name(p, c.splits) : hk::cuda::attention_flash_name(p, c.tile);
+  if (c.splits ? !hk::cuda::attention_flash_split_supports(p, c.splits) : !hk::cuda::attention_flash_supports(p)) {
     r.error = "supports() = false";
     return r;
   }
   const auto launch = [&] {
-    if (c.persistent) hk::cuda::attention_flash_persistent(p, stream_of_case);
-    else if (c.splits) hk::cuda::attention_flash_split(p, stream_of_case, c.splits);
+    if (c.splits) hk::cuda::attention_flash_split(p, stream_of_case, c.splits);
     else hk::cuda::attention_flash(p, stream_of_case, c.tile);
   };
 
@@ -366,7 +357,6 @@ Outcome run_case(const Case& c, std::mt19937_64& rng, std::string& name) {
 }
 
 const char* tile_name(const Case& c) {
-  if (c.persistent) return "q64p";
   if (c.splits) return c.splits == 2 ? "k2" : "k4";
   return c.tile == FlashQueryTile::q64 ? "q64" : c.tile == FlashQueryTile::q16 ? "q16" : "auto";
 }
@@ -479,55 +469,6 @@ std::vector<Case> make_cases(bool split_cases) {
         c.note = "keys split, case 10 shape";
         cases.push_back(c);
       }
-  // The persistent q64 kernel (packed layout, or dense without lengths): the head dims of its
-  // instantiations plus 24 and 40 (masked columns), S around the 64-row tile (1, 7, 64, 65, 130);
-  // then many items per CTA (B in the thousands: the CTA loops, the next item's tiles prefetched
-  // across items of different lengths), mostly-empty and all-empty batches (items skipped 32 at a
-  // time; a CTA without any item), and the cases.csv shapes it is a candidate for.
-  for (int hd : {8, 16, 24, 32, 40, 64})
-    for (int S : {1, 7, 64, 65, 130})
-      for (int causal = 0; causal < 2; ++causal)
-        for (int packed = 0; packed < 2; ++packed, ++k) {
-          Case c = sweep_case(DType::f16, hd, S, causal, packed, 8, 16, 4.f);
-          if (!packed) c.lens = Lens::null;
-          c.persistent = true;
-          c.note = "persistent";
-          cases.push_back(c);
-        }
-  {
-    struct Many { int B, S, H, hd; bool causal; Lens lens; const char* note; };
-    for (const Many& m : {Many{1200, 128, 4, 32, true, Lens::random, "persistent, case 6 shape at B 1200"},
-                          Many{700, 128, 16, 8, true, Lens::random, "persistent, case 11 shape at B 700"},
-                          Many{2000, 33, 2, 16, false, Lens::edge, "persistent, 0/1/S lengths"},
-                          Many{1500, 100, 2, 64, true, Lens::random, "persistent, hd 64"},
-                          Many{5000, 128, 4, 32, true, Lens::zero, "persistent, every length 0"},
-                          Many{500, 200, 2, 32, false, Lens::random, "persistent, 4 query tiles"}}) {
-      Case c;
-      c.dtype = DType::f16;
-      c.B = m.B;
-      c.S = m.S;
-      c.H = m.H;
-      c.hd = m.hd;
-      c.causal = m.causal;
-      c.packed = true;
-      c.lens = m.lens;
-      c.q_amp = 2.f;
-      c.persistent = true;
-      c.note = m.note;
-      cases.push_back(c);
-    }
-    Case c;  // dense without lengths: every item has rows
-    c.dtype = DType::f16;
-    c.B = 400;
-    c.S = 128;
-    c.H = 4;
-    c.hd = 32;
-    c.causal = true;
-    c.lens = Lens::null;
-    c.persistent = true;
-    c.note = "persistent, dense, no lengths";
-    cases.push_back(c);
-  }
   // CUDA-graph capture and replay.
   for (DType dt : {DType::f16, DType::f32}) {
     Case c;
@@ -540,21 +481,6 @@ std::vector<Case> make_cases(bool split_cases) {
     c.lens = Lens::edge;
     c.graph = true;  // dense: the in-place rewrite keeps the buffer sizes
     c.note = "graph capture + replay with new data";
-    cases.push_back(c);
-  }
-  {
-    Case c;
-    c.dtype = DType::f16;
-    c.persistent = true;
-    c.B = 900;
-    c.S = 128;
-    c.H = 4;
-    c.hd = 32;
-    c.causal = true;
-    c.packed = true;
-    c.lens = Lens::full;  // same row count on the second upload
-    c.graph = true;
-    c.note = "persistent: graph capture + replay with new data";
     cases.push_back(c);
   }
   if (split_cases) {
@@ -626,32 +552,6 @@ int check_supports(int& failures) {
       std::printf("%4s  split_supports(%s) = %s  %s\n", "api", q.what, got ? "true" : "false", ok ? "PASS" : "FAIL");
       ++n;
     }
-  }
-  // The persistent kernel: f16, head_dim buckets 8-64, packed layout or no lengths.
-  {
-    alignas(4) static int32_t lens_dummy[4];
-    struct PersistProbe { DType dt; int hd; bool lengths, packed, expect; const char* what; };
-    const PersistProbe pp[] = {{DType::f16, 32, true, true, true, "persistent f16 hd32 packed"},
-                               {DType::f16, 8, false, false, true, "persistent f16 hd8 dense, no lengths"},
-                               {DType::f16, 32, true, false, false, "persistent dense with lengths"},
-                               {DType::f16, 128, true, true, false, "persistent hd128"},
-                               {DType::f32, 32, true, true, false, "persistent f32"}};
-    for (const PersistProbe& q : pp) {
-      p.dtype = q.dt;
-      p.head_dim = q.hd;
-      p.qkv_row_stride = 3 * p.H * q.hd;
-      p.out_row_stride = p.H * q.hd;
-      p.scale = 1.f;
-      p.lengths = q.lengths ? lens_dummy : nullptr;
-      p.seq_start = q.packed ? lens_dummy : nullptr;
-      const bool got = hk::cuda::attention_flash_persistent_supports(p);
-      const bool ok = got == q.expect;
-      failures += !ok;
-      std::printf("%4s  persistent_supports(%s) = %s  %s\n", "api", q.what, got ? "true" : "false", ok ? "PASS" : "FAIL");
-      ++n;
-    }
-    p.lengths = nullptr;
-    p.seq_start = nullptr;
   }
   // B = 0 and S = 0 are no-ops that launch nothing.
   p.dtype = DType::f16;

@@ -150,7 +150,6 @@ const Route kRoutes[] = {
     {"default", nullptr, nullptr},          {"attention=flash", "HK_ATTENTION", "flash"},
     {"attention=flash.q64", "HK_ATTENTION", "flash.q64"}, {"attention=flash.q16", "HK_ATTENTION", "flash.q16"},
     {"attention=flash.k2", "HK_ATTENTION", "flash.k2"}, {"attention=flash.k4", "HK_ATTENTION", "flash.k4"},
-    {"attention=flash.q64p", "HK_ATTENTION", "flash.q64p"},
     {"attention=cudnn", "HK_ATTENTION", "cudnn"}, {"gelu=erf", "HK_GELU", "erf"},
     {"gelu=epilogue", "HK_GELU", "epilogue"}, {"chains=off", "HK_CHAINS", "off"},
     {"chains=post_attn_qkv", "HK_CHAINS", "post_attn_qkv"},
