@@ -398,15 +398,22 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
       acc[j][3] += b.y;
     }
   };
-  // ffn bias of chunk c into the chunk accumulator.
-  auto init_ffn = [&](float (&fa)[NC / 8][4], int c) {
+  // The chunk accumulator starts at zero and gets the ffn bias of chunk c after its product:
+  // started from the bias (the same value in the slots of rows g and g + 8), ptxas kept the
+  // loop-carried accumulator outside the mma's register quads and copied it in and out on every
+  // k step (2 MOVs per HMMA in the chain's hottest loop, ncu source counters).
+  auto zero_ffn = [&](float (&fa)[NC / 8][4]) {
+#pragma unroll
+    for (int j = 0; j < NC / 8; ++j) fa[j][0] = fa[j][1] = fa[j][2] = fa[j][3] = 0.f;
+  };
+  auto bias_ffn = [&](float (&fa)[NC / 8][4], int c) {
 #pragma unroll
     for (int j = 0; j < NC / 8; ++j) {
       const float2 b = *reinterpret_cast<const float2*>(v_bin + c * NC + 8 * j + 2 * t);
-      fa[j][0] = b.x;
-      fa[j][1] = b.y;
-      fa[j][2] = b.x;
-      fa[j][3] = b.y;
+      fa[j][0] += b.x;
+      fa[j][1] += b.y;
+      fa[j][2] += b.x;
+      fa[j][3] += b.y;
     }
   };
   // acc += bf, then the outputs of the row block. The tile is free (h was last read by ffn_in).
@@ -531,8 +538,9 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
 #pragma unroll 1
       for (int c = 0; c < FP / NC; ++c) {
         float fa[NC / 8][4];
-        init_ffn(fa, c);
+        zero_ffn(fa);
         mma_smem_a<NC / 8, DP / 16, SA>(fa, tile + a_lane, s_wi + uint32_t((c * NC + b_row) * SA) * 2u + b_col);
+        bias_ffn(fa, c);
         gelu_mma<NT, NC / 8, T::kSWf, kTanh>(acc, fa, s_wf + uint32_t(b_row * T::kSWf + c * NC) * 2u + b_col);
       }
       epilogue(acc, tile, row0);
@@ -605,9 +613,10 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
 #pragma unroll 1
       for (int c = 0; c < FP / NC; ++c) {
         float fa[NC / 8][4];
-        init_ffn(fa, c);
+        zero_ffn(fa);
         const uint32_t wi = next_stage();
         mma_smem_a<NC / 8, DP / 16, DP + 8>(fa, tile + a_lane, wi + uint32_t(b_row * (DP + 8)) * 2u + b_col);
+        bias_ffn(fa, c);
         const uint32_t wf = next_stage();
         gelu_mma<NT, NC / 8, NC + 8, kTanh>(acc, fa, wf + uint32_t(b_row * (NC + 8)) * 2u + b_col);
       }
@@ -931,20 +940,16 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
     }
     // ffn_in + GELU -> f tile
     {
+      // Zero start, bias after the product (as the row-per-warp kernel's zero_ffn / bias_ffn).
       float fa[NTF][4];
 #pragma unroll
-      for (int j = 0; j < NTF; ++j) {
-        const float2 b = *reinterpret_cast<const float2*>(v_bin + w * FW + 8 * j + 2 * t);
-        fa[j][0] = b.x;
-        fa[j][1] = b.y;
-        fa[j][2] = b.x;
-        fa[j][3] = b.y;
-      }
+      for (int j = 0; j < NTF; ++j) fa[j][0] = fa[j][1] = fa[j][2] = fa[j][3] = 0.f;
       if constexpr (kRegW) {
         mma_regs<NTF, DP / 16>(fa, tile + a_lane, rwi);
       } else {
         mma_cols<NTF, DP / 16, SA>(fa, tile + a_lane, b_wi);
       }
+      add_bias(fa, v_bin, w * FW);
 #pragma unroll
       for (int j = 0; j < NTF; ++j) {
         const int col = w * FW + 8 * j + 2 * t;
@@ -991,14 +996,9 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
       group_sync(bar, kGroupThreads);  // the next h complete
       float qa[NTQ][4];
 #pragma unroll
-      for (int j = 0; j < NTQ; ++j) {
-        const float2 b = *reinterpret_cast<const float2*>(v_bq + w * QW + 8 * j + 2 * t);
-        qa[j][0] = b.x;
-        qa[j][1] = b.y;
-        qa[j][2] = b.x;
-        qa[j][3] = b.y;
-      }
+      for (int j = 0; j < NTQ; ++j) qa[j][0] = qa[j][1] = qa[j][2] = qa[j][3] = 0.f;
       mma_cols<NTQ, DP / 16, SA>(qa, ftile + af_lane, b_wq);
+      add_bias(qa, v_bq, w * QW);
 #pragma unroll
       for (int j = 0; j < NTQ; ++j) {
         const int col = w * QW + 8 * j + 2 * t;

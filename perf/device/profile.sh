@@ -13,7 +13,9 @@
 # Environment: HK_PROFILE_KERNELS (kernels to record per case, default 60), NCU (the ncu
 #   executable, default PATH then /usr/local/cuda/bin/ncu), HK_PROFILE_STALLS=1: also the issue
 #   rate, active warps, tensor-pipe use and the warp stall reasons of each kernel (a second table:
-#   the four largest reasons in warp cycles per issued instruction). The tensor column is the
+#   the four largest reasons in warp cycles per issued instruction); HK_PROFILE_SOURCE=<kernel regex>
+#   (HK_PROFILE_SOURCE_COUNT launches, default 2): per-SASS-instruction counters of those kernels
+#   (source-<case>.csv next to the output, an opcode summary in it). The tensor column is the
 #   mma.sync (HMMA) pipe: sm_90 wgmma kernels (cuBLASLt's nvjet ones) may show little there.
 set -u
 bin=$1 cases=$2 work=$3 out=$4
@@ -98,5 +100,68 @@ if any(m.startswith(stall) for d in rows.values() for m in d):
             pct("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"),
             ", ".join("%s %.1f" % (n, v) for v, n in st)))
 PY
+  # HK_PROFILE_SOURCE=<kernel-name regex>: the first launch of each kernel the regex names, with
+  # ncu's source counters (per SASS instruction: executions and warp-stall samples), exported as
+  # CSV next to $out (source-<case>-<n>.csv, the raw rows) and summarised per opcode in $out.
+  if [ -n "${HK_PROFILE_SOURCE:-}" ]; then
+    rep=$work/src-$c
+    rm -f "$rep.ncu-rep"
+    timeout 300 "$ncu" --clock-control none --target-processes all --kernel-name "regex:${HK_PROFILE_SOURCE}" \
+      --launch-count "${HK_PROFILE_SOURCE_COUNT:-2}" --section SourceCounters --section InstructionStats \
+      --section WarpStateStats -o "$rep" \
+      "$bin/hk_bench_cuda" --cases "$cases" --only "$c" --tune on --tune-cache "$cache" --reps 1 \
+      > "$work/src-$c.log" 2>&1 || echo "ncu source run exit $? (case $c): $(tail -3 "$work/src-$c.log" | tr '\n' ' ')" >> "$out"
+    dir=$(dirname "$out")
+    "$ncu" --import "$rep.ncu-rep" --page source --csv --print-source sass > "$dir/source-$c.csv" 2> "$work/src-$c.err" ||
+      echo "ncu --page source failed (case $c): $(tail -2 "$work/src-$c.err" | tr '\n' ' ')" >> "$out"
+    "$ncu" --import "$rep.ncu-rep" --page details --print-details all > "$dir/source-$c-details.txt" 2>&1 || true
+    python3 - "$dir/source-$c.csv" >> "$out" <<'PY'
+import csv, sys, collections
+try:
+    text = open(sys.argv[1]).read().splitlines()
+except OSError:
+    sys.exit(0)
+# One table per kernel: a header line starting with "Address" or '"Address"' begins each.
+tables, cur = [], None
+for line in text:
+    if line.lstrip('"').startswith("Address") or line.startswith('"#"') or line.startswith('"Source"'):
+        cur = [line]
+        tables.append(cur)
+    elif cur is not None and line.strip():
+        cur.append(line)
+for ti, t in enumerate(tables):
+    rows = list(csv.DictReader(t))
+    if not rows:
+        continue
+    cols = rows[0].keys()
+    src = next((k for k in cols if k.strip().lower() == "source"), None)
+    ex = next((k for k in cols if "instructions executed" in k.lower() and "predicated" not in k.lower()), None)
+    smp = next((k for k in cols if "warp stall sampling (all" in k.lower()), None)
+    if src is None or ex is None:
+        print("\nsource table %d: columns %s" % (ti, ", ".join(list(cols)[:12])))
+        continue
+    def num(v):
+        try:
+            return float(str(v).replace(",", ""))
+        except ValueError:
+            return 0.0
+    by_op = collections.defaultdict(lambda: [0.0, 0.0, 0])
+    tot_e = tot_s = 0.0
+    for r in rows:
+        op = r[src].strip().split(" ")[0]
+        if op.startswith("@"):
+            op = r[src].strip().split(" ")[1] if len(r[src].split(" ")) > 1 else op
+        op = op.split(".")[0]
+        e, s_ = num(r[ex]), num(r[smp]) if smp else 0.0
+        by_op[op][0] += e; by_op[op][1] += s_; by_op[op][2] += 1
+        tot_e += e; tot_s += s_
+    print("\nsource table %d: %d SASS instructions, %.3g warp-level instructions executed, %.3g stall samples" %
+          (ti, len(rows), tot_e, tot_s))
+    print("| opcode | static | executed % | stall samples % |")
+    print("|---|---|---|---|")
+    for op, (e, s_, n) in sorted(by_op.items(), key=lambda kv: -kv[1][0])[:25]:
+        print("| %s | %d | %.1f | %.1f |" % (op, n, 100 * e / max(tot_e, 1), 100 * s_ / max(tot_s, 1)))
+PY
+  fi
 done
 exit $rc_all
