@@ -127,9 +127,10 @@ __device__ __forceinline__ void copy_panel(uint32_t dst, const __half* src, int6
 //               B(16 KS x 8 NT; smem rows = n at stride SB halves; b_addr: the lane's address).
 template <int NT, int KS, int SB>
 __device__ __forceinline__ void mma_smem_a(float (&acc)[NT][4], uint32_t a_addr, uint32_t b_addr) {
-  // k steps not unrolled: unrolled, ptxas hoists B fragments of later steps and d128 spills at
-  // 12 warps (168 registers); one step (NT/2 ldmatrix, NT mma) is enough to schedule.
-#pragma unroll 1
+  // k steps unrolled by two: one step at a time leaves each step's ldmatrix latency exposed;
+  // fully unrolled, ptxas hoists B fragments of later steps and d128 spills at 12 warps (168
+  // registers). Two steps fit (d128 tanh: 162 registers, no spills).
+#pragma unroll 2
   for (int ks = 0; ks < KS; ++ks) {
     uint32_t a[4];
     ldsm_x4(a, a_addr + ks * 32);
