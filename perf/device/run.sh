@@ -24,7 +24,8 @@
 #   summary.md       the tables for perf/RESULTS.md
 # Usage: perf/device/run.sh [phase ...]   phases: env tests sanitize accuracy bench bench_full
 #        bench_nopack bench_nopdl bench_qkvlt ab e2e profile peers regress summary (default: all but profile
-#        and ab; always run in this order). profile: ncu per-kernel tables (perf/device/profile.sh; HK_PROFILE_CASES).
+#        and ab; always run in this order). profile: ncu per-kernel tables (perf/device/profile.sh; HK_PROFILE_CASES;
+#        HK_PROFILE_SOURCE=<kernel regex>: per-SASS-instruction counters, source-<case>.csv).
 #        multigpu (not in the default list; runs after profile): a stage with HK_DEVICE_MPI=ON,
 #        perf/device/multi_gpu.sh (HK_MGPU_* knobs).
 #        Needs stage/hk-stage.tar.xz from perf/device/stage.sh (carry 'stage').
