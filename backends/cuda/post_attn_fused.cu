@@ -369,9 +369,8 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
     c0 = s0 >= 0 ? p.x_in[s0 * D] : 0.f;
     c1 = s1 >= 0 ? p.x_in[s1 * D] : 0.f;
   };
-  auto load_x = [&](float (&acc)[NT][4], int64_t row0) {
+  auto load_x = [&](float (&acc)[NT][4], int64_t row0, float& c0, float& c1) {
     const int64_t s0 = x_src(row0 + g), s1 = x_src(row0 + g + 8);
-    float c0, c1;
     row_offsets(s0, s1, c0, c1);
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
@@ -418,22 +417,22 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
     }
   };
   // acc += bf, then the outputs of the row block. The tile is free (h was last read by ffn_in).
-  auto epilogue = [&](float (&acc)[NT][4], uint32_t tile, int64_t row0) {
+  // c0, c1: the rows' offsets from load_x, kept in two registers: read again here, they cost a
+  // dependent global load (two with x_rows) at the end of every row block (ncu: 3% of the stall
+  // samples at case 6). x_out may be x_in: every lane has read its x before any lane writes.
+  auto epilogue = [&](float (&acc)[NT][4], uint32_t tile, int64_t row0, float c0, float c1) {
     const int64_t r0 = row0 + g, r1 = row0 + g + 8;
     add_bias(acc, v_bout);
     if (!p.tail) {
-      // The offsets again (x_out may be x_in: every lane reads them before any lane writes).
-      float c0, c1;
-      row_offsets(x_src(r0), x_src(r1), c0, c1);
       __syncwarp();
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const int col = 8 * j + 2 * t;
         if (kPad && col >= D) continue;
         if (r0 < rows)
-          *reinterpret_cast<float2*>(p.x_out + r0 * D + col) = make_float2(acc[j][0] + c0, acc[j][1] + c0);
+          st_global_f32x2(p.x_out + r0 * D + col, acc[j][0] + c0, acc[j][1] + c0);
         if (r1 < rows)
-          *reinterpret_cast<float2*>(p.x_out + r1 * D + col) = make_float2(acc[j][2] + c1, acc[j][3] + c1);
+          st_global_f32x2(p.x_out + r1 * D + col, acc[j][2] + c1, acc[j][3] + c1);
       }
       const RowStats st = row_stats<NT, kPad>(acc, D, p.eps);
       __syncwarp();
@@ -444,7 +443,7 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
       for (int i = lane; i < kWarpRows * kChunks; i += 32) {
         const int r = i / kChunks, c = (i - r * kChunks) * 8;
         if (row0 + r < rows && (!kPad || c < D)) {
-          *reinterpret_cast<uint4*>(p.h_out + (row0 + r) * D + c) = ld_shared_v4(tile + uint32_t(r * SA + c) * 2u);
+          st_global_b32x4(p.h_out + (row0 + r) * D + c, ld_shared_v4(tile + uint32_t(r * SA + c) * 2u));
         }
       }
     } else {
@@ -457,14 +456,14 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
         const float2 w = *reinterpret_cast<const float2*>(v_lnw + col);
         const float2 b = *reinterpret_cast<const float2*>(v_lnb + col);
         if (d.write[0]) {
-          *reinterpret_cast<float2*>(p.y + d.dst[0] * D + col) =
-              d.valid[0] ? make_float2(ln_value(acc[j][0], st, 0, w.x, b.x), ln_value(acc[j][1], st, 0, w.y, b.y))
-                         : make_float2(0.f, 0.f);
+          const float2 v = d.valid[0] ? make_float2(ln_value(acc[j][0], st, 0, w.x, b.x), ln_value(acc[j][1], st, 0, w.y, b.y))
+                                      : make_float2(0.f, 0.f);
+          st_global_f32x2(p.y + d.dst[0] * D + col, v.x, v.y);
         }
         if (d.write[1]) {
-          *reinterpret_cast<float2*>(p.y + d.dst[1] * D + col) =
-              d.valid[1] ? make_float2(ln_value(acc[j][2], st, 1, w.x, b.x), ln_value(acc[j][3], st, 1, w.y, b.y))
-                         : make_float2(0.f, 0.f);
+          const float2 v = d.valid[1] ? make_float2(ln_value(acc[j][2], st, 1, w.x, b.x), ln_value(acc[j][3], st, 1, w.y, b.y))
+                                      : make_float2(0.f, 0.f);
+          st_global_f32x2(p.y + d.dst[1] * D + col, v.x, v.y);
         }
       }
     }
@@ -501,7 +500,8 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
         cp_async_commit();
       }
       float acc[NT][4];
-      load_x(acc, row0);
+      float c0, c1;
+      load_x(acc, row0, c0, c1);
       cp_async_wait_all();
       __syncwarp();
       if (nbuf == 2) {
@@ -544,7 +544,7 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
         bias_ffn(fa, c);
         gelu_mma<NT, NC / 8, T::kSWf, kTanh>(acc, fa, s_wf + uint32_t(b_row * T::kSWf + c * NC) * 2u + b_col);
       }
-      epilogue(acc, tile, row0);
+      epilogue(acc, tile, row0, c0, c1);
       __syncwarp();  // every lane done with the tile before it is refilled
       first = false;
       if (nbuf == 2) cur ^= 1;
@@ -598,7 +598,8 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
       load_o(tile, row0);
       cp_async_commit();
       float acc[NT][4];
-      load_x(acc, row0);
+      float c0, c1;
+      load_x(acc, row0, c0, c1);
 #pragma unroll 1
       for (int q = 0; q < kPanels; ++q) {
         const uint32_t buf = next_stage();
@@ -621,7 +622,7 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
         const uint32_t wf = next_stage();
         gelu_mma<NT, NC / 8, NC + 8, kTanh>(acc, fa, wf + uint32_t(b_row * (NC + 8)) * 2u + b_col);
       }
-      epilogue(acc, tile, row0);
+      epilogue(acc, tile, row0, c0, c1);
       __syncwarp();
     }
     cp_async_wait_all();
@@ -986,11 +987,11 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
         st_shared_u32(ftile + uint32_t(g * SF + col) * 2u, h0);
         st_shared_u32(ftile + uint32_t((g + 8) * SF + col) * 2u, h1);
         if (r0 < rows) {
-          *reinterpret_cast<float2*>(p.x_out + r0 * D + col) = make_float2(acc[j][0] + c0, acc[j][1] + c0);
+          st_global_f32x2(p.x_out + r0 * D + col, acc[j][0] + c0, acc[j][1] + c0);
           if (p.h_out) *reinterpret_cast<uint32_t*>(p.h_out + r0 * D + col) = h0;
         }
         if (r1 < rows) {
-          *reinterpret_cast<float2*>(p.x_out + r1 * D + col) = make_float2(acc[j][2] + c1, acc[j][3] + c1);
+          st_global_f32x2(p.x_out + r1 * D + col, acc[j][2] + c1, acc[j][3] + c1);
           if (p.h_out) *reinterpret_cast<uint32_t*>(p.h_out + r1 * D + col) = h1;
         }
       }
@@ -1015,12 +1016,12 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
         const float2 lw = *reinterpret_cast<const float2*>(v_lnw + col);
         const float2 lb = *reinterpret_cast<const float2*>(v_lnb + col);
         if (r0 < rows) {
-          *reinterpret_cast<float2*>(p.x_out + r0 * D + col) = make_float2(acc[j][0] + c0, acc[j][1] + c0);
+          st_global_f32x2(p.x_out + r0 * D + col, acc[j][0] + c0, acc[j][1] + c0);
           *reinterpret_cast<__half2*>(p.h_out + r0 * D + col) =
               __floats2half2_rn(ln(acc[j][0], mean, rstd, 0, lw.x, lb.x), ln(acc[j][1], mean, rstd, 0, lw.y, lb.y));
         }
         if (r1 < rows) {
-          *reinterpret_cast<float2*>(p.x_out + r1 * D + col) = make_float2(acc[j][2] + c1, acc[j][3] + c1);
+          st_global_f32x2(p.x_out + r1 * D + col, acc[j][2] + c1, acc[j][3] + c1);
           *reinterpret_cast<__half2*>(p.h_out + r1 * D + col) =
               __floats2half2_rn(ln(acc[j][2], mean, rstd, 1, lw.x, lb.x), ln(acc[j][3], mean, rstd, 1, lw.y, lb.y));
         }
@@ -1033,14 +1034,14 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
         const float2 lw = *reinterpret_cast<const float2*>(v_lnw + col);
         const float2 lb = *reinterpret_cast<const float2*>(v_lnb + col);
         if (d.write[0]) {
-          *reinterpret_cast<float2*>(p.y + d.dst[0] * D + col) =
-              d.valid[0] ? make_float2(ln(acc[j][0], mean, rstd, 0, lw.x, lb.x), ln(acc[j][1], mean, rstd, 0, lw.y, lb.y))
-                         : make_float2(0.f, 0.f);
+          const float2 v = d.valid[0] ? make_float2(ln(acc[j][0], mean, rstd, 0, lw.x, lb.x), ln(acc[j][1], mean, rstd, 0, lw.y, lb.y))
+                                      : make_float2(0.f, 0.f);
+          st_global_f32x2(p.y + d.dst[0] * D + col, v.x, v.y);
         }
         if (d.write[1]) {
-          *reinterpret_cast<float2*>(p.y + d.dst[1] * D + col) =
-              d.valid[1] ? make_float2(ln(acc[j][2], mean, rstd, 1, lw.x, lb.x), ln(acc[j][3], mean, rstd, 1, lw.y, lb.y))
-                         : make_float2(0.f, 0.f);
+          const float2 v = d.valid[1] ? make_float2(ln(acc[j][2], mean, rstd, 1, lw.x, lb.x), ln(acc[j][3], mean, rstd, 1, lw.y, lb.y))
+                                      : make_float2(0.f, 0.f);
+          st_global_f32x2(p.y + d.dst[1] * D + col, v.x, v.y);
         }
       }
     }

@@ -143,4 +143,19 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// 8- and 16-byte global stores as one instruction each. Written as float2 / uint4 assignments,
+// some of the post-attention chain's stores reached the PTX as 4-byte ones (st.global.f32 pairs,
+// st.global.u32 quadruples): each warp store of the mma C layout touches 8 rows, so every split
+// multiplied its L1 tag requests (ncu source counters, case 6). The pointer must be aligned to the
+// store's width.
+__device__ __forceinline__ void st_global_f32x2(float* p, float a, float b) {
+  asm volatile("st.global.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+__device__ __forceinline__ void st_global_f32x4(float* p, float4 v) {
+  asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+__device__ __forceinline__ void st_global_b32x4(void* p, uint4 v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+
 }  // namespace hk::cuda::ptx

@@ -15,7 +15,8 @@
 #   rate, active warps, tensor-pipe use and the warp stall reasons of each kernel (a second table:
 #   the four largest reasons in warp cycles per issued instruction); HK_PROFILE_SOURCE=<kernel regex>
 #   (HK_PROFILE_SOURCE_COUNT launches, default 2): per-SASS-instruction counters of those kernels
-#   (source-<case>.csv next to the output, an opcode summary in it). The tensor column is the
+#   (source-<case>.csv next to the output, an opcode summary in it); HK_PROFILE_MEMORY=1: a table of
+#   the memory units' use (L1 / shared, L2, DRAM; shared-memory wavefronts). The tensor column is the
 #   mma.sync (HMMA) pipe: sm_90 wgmma kernels (cuBLASLt's nvjet ones) may show little there.
 set -u
 bin=$1 cases=$2 work=$3 out=$4
@@ -100,6 +101,47 @@ if any(m.startswith(stall) for d in rows.values() for m in d):
             pct("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"),
             ", ".join("%s %.1f" % (n, v) for v, n in st)))
 PY
+  # HK_PROFILE_MEMORY=1: a second ncu pass over the same kernels with the memory units' use: L1 /
+  # shared memory, L2 and DRAM throughput (% of peak), the shared-memory wavefronts per SM cycle
+  # (the LSU data pipe serves one per cycle) and the bank conflicts among them. Its own pass: a
+  # metric this ncu lacks fails that pass only.
+  if [ "${HK_PROFILE_MEMORY:-0}" = 1 ]; then
+    mem=l1tex__throughput.avg.pct_of_peak_sustained_active,lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,sm__cycles_elapsed.sum
+    timeout 300 "$ncu" --clock-control none --target-processes all --launch-count "${HK_PROFILE_KERNELS:-60}" \
+      --metrics "$mem" --csv --print-units base \
+      "$bin/hk_bench_cuda" --cases "$cases" --only "$c" --tune on --tune-cache "$cache" --reps 1 \
+      > "$work/ncu-mem-$c.csv" 2> "$work/ncu-mem-$c.err" ||
+      echo "ncu memory pass exit $? (case $c): $(tail -3 "$work/ncu-mem-$c.err" | tr '\n' ' ')" >> "$out"
+    python3 - "$work/ncu-mem-$c.csv" >> "$out" <<'PY'
+import csv, sys
+text = open(sys.argv[1]).read().splitlines()
+start = next((i for i, l in enumerate(text) if l.startswith('"ID"')), None)
+if start is None:
+    print("\nno ncu memory rows"); sys.exit(0)
+rows, order = {}, []
+for r in csv.DictReader(text[start:]):
+    k = r["ID"]
+    if k not in rows:
+        rows[k] = {"name": r.get("Kernel Name", "?")}
+        order.append(k)
+    try:
+        rows[k][r["Metric Name"]] = float(r["Metric Value"].replace(",", ""))
+    except ValueError:
+        rows[k][r["Metric Name"]] = r["Metric Value"]
+print("\n| # | kernel | L1/shared % | L2 % | DRAM % | shared wavefronts per SM cycle | bank-conflict wavefronts % |")
+print("|---|---|---|---|---|---|---|")
+for k in order:
+    d = rows[k]
+    f = lambda m: d.get(m) if isinstance(d.get(m), float) else None
+    name = d["name"] if len(d["name"]) < 50 else d["name"][:47] + "..."
+    wf, bc, cyc = f("l1tex__data_pipe_lsu_wavefronts_mem_shared.sum"), f("l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"), f("sm__cycles_elapsed.sum")
+    pct = lambda m: "%.0f" % f(m) if f(m) is not None else "-"
+    print("| %s | %s | %s | %s | %s | %s | %s |" % (k, name, pct("l1tex__throughput.avg.pct_of_peak_sustained_active"),
+        pct("lts__throughput.avg.pct_of_peak_sustained_elapsed"), pct("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+        "%.2f" % (wf / cyc) if wf is not None and cyc else "-",
+        "%.0f" % (100.0 * bc / wf) if bc is not None and wf else "-"))
+PY
+  fi
   # HK_PROFILE_SOURCE=<kernel-name regex>: the first launch of each kernel the regex names, with
   # ncu's source counters (per SASS instruction: executions and warp-stall samples), exported as
   # CSV next to $out (source-<case>-<n>.csv, the raw rows) and summarised per opcode in $out.

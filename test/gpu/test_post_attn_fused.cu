@@ -71,6 +71,7 @@ struct Case {
   int64_t sample = 0;     // > 0: check only this many rows (first, last, random)
   bool graph = false;     // launch through a captured CUDA graph
   bool gather = false;    // non-tail: the residual read through x_rows from a larger, shuffled buffer
+  bool offset8 = false;   // x_in, x_out and y start 8 bytes into their buffers (8- not 16-byte aligned)
   std::string note;
 };
 
@@ -320,20 +321,31 @@ Outcome run_case(const Case& c, uint64_t seed) {
       }
     }
   }
-  Dev<float> d_xsrc(x_src.size());
+  // offset8: the fp32 row buffers hold `off` leading floats; the kernel sees them from p + off.
+  const size_t off = c.offset8 ? 2 : 0;
+  auto shifted = [&](const std::vector<float>& v) {
+    std::vector<float> w(off, 0.f);
+    w.insert(w.end(), v.begin(), v.end());
+    return w;
+  };
+  auto unshifted = [&](std::vector<float> v) {
+    v.erase(v.begin(), v.begin() + std::ptrdiff_t(std::min(off, v.size())));
+    return v;
+  };
+  Dev<float> d_xsrc(x_src.size() + off);
   Dev<int32_t> d_xrows(x_rows.size());
   if (c.gather) {
-    d_xsrc.up(x_src);
+    d_xsrc.up(shifted(x_src));
     d_xrows.up(x_rows);
   }
 
   Dev<__half> d_o(o.size()), d_w_o(m.w_o.size()), d_w_in(m.w_in.size()), d_b_in(m.b_in.size()), d_w_out(m.w_out.size());
-  Dev<float> d_x(x.size()), d_b_o(D), d_ln2_w(D), d_ln2_b(D), d_b_out(D), d_lnn_w(D), d_lnn_b(D);
-  Dev<float> d_xo(c.alias || c.tail ? 0 : x.size()), d_y(c.tail ? x.size() : 0);
+  Dev<float> d_x(x.size() + off), d_b_o(D), d_ln2_w(D), d_ln2_b(D), d_b_out(D), d_lnn_w(D), d_lnn_b(D);
+  Dev<float> d_xo(c.alias || c.tail ? 0 : x.size() + off), d_y(c.tail ? x.size() + off : 0);
   Dev<__half> d_h(c.tail ? 0 : o.size());
   Dev<int32_t> d_len(lengths.size());
   d_o.up(o);
-  d_x.up(x);
+  d_x.up(shifted(x));
   d_w_o.up(m.w_o);
   d_w_in.up(m.w_in);
   d_b_in.up(m.b_in);
@@ -349,15 +361,15 @@ Outcome run_case(const Case& c, uint64_t seed) {
   if (c.tail) d_y.poison();
   if (!c.tail) d_h.poison();
   if (c.alias) {  // guard rows of the aliased buffer: poison, so that writes past `rows` show
-    CHECK_CUDA(cudaMemset(d_x.p + size_t(rows) * D, kPoison, size_t(kGuardRows) * D * sizeof(float)));
+    CHECK_CUDA(cudaMemset(d_x.p + off + size_t(rows) * D, kPoison, size_t(kGuardRows) * D * sizeof(float)));
     CHECK_CUDA(cudaDeviceSynchronize());
   }
 
   PostAttnParams p;
   p.o = d_o.p;
-  p.x_in = c.gather ? d_xsrc.p : d_x.p;
+  p.x_in = (c.gather ? d_xsrc.p : d_x.p) + off;
   p.x_rows = c.gather ? d_xrows.p : nullptr;
-  p.x_out = c.tail ? nullptr : (c.alias ? d_x.p : d_xo.p);
+  p.x_out = c.tail ? nullptr : (c.alias ? d_x.p : d_xo.p) + off;
   p.w_o = d_w_o.p;
   p.b_o = d_b_o.p;
   p.ln2_w = d_ln2_w.p;
@@ -369,7 +381,7 @@ Outcome run_case(const Case& c, uint64_t seed) {
   p.ln_next_w = d_lnn_w.p;
   p.ln_next_b = d_lnn_b.p;
   p.h_out = c.tail ? nullptr : d_h.p;
-  p.y = c.tail ? d_y.p : nullptr;
+  p.y = c.tail ? d_y.p + off : nullptr;
   p.lengths = lengths.empty() ? nullptr : d_len.p;
   p.S = c.S;
   p.tail = c.tail;
@@ -381,10 +393,10 @@ Outcome run_case(const Case& c, uint64_t seed) {
   out.error = launch_sync(p, c.cfg, c.graph);
   if (!out.error.empty()) return out;
 
-  const std::vector<float> xin_after = d_x.down();
-  const std::vector<float> xo = c.tail ? std::vector<float>() : (c.alias ? xin_after : d_xo.down());
+  const std::vector<float> xin_after = unshifted(d_x.down());
+  const std::vector<float> xo = c.tail ? std::vector<float>() : (c.alias ? xin_after : unshifted(d_xo.down()));
   const std::vector<__half> h = c.tail ? std::vector<__half>() : d_h.down();
-  const std::vector<float> y = c.tail ? d_y.down() : std::vector<float>();
+  const std::vector<float> y = c.tail ? unshifted(d_y.down()) : std::vector<float>();
 
   // Rows to check.
   std::vector<int64_t> check;
@@ -456,7 +468,7 @@ Outcome run_case(const Case& c, uint64_t seed) {
     if (c.tail && !poison_f32(y[i])) ++out.guard;
   }
   if (c.gather) {
-    const std::vector<float> src_after = d_xsrc.down();
+    const std::vector<float> src_after = unshifted(d_xsrc.down());
     for (size_t i = 0; i < x_src.size(); ++i) {
       if (std::memcmp(&src_after[i], &x_src[i], 4) != 0) ++out.x_in_changed;
     }
@@ -1126,6 +1138,25 @@ int main() {
         Case c = sweep_case(sh.first, sh.second, rows, cfg, "gather");
         c.gather = true;
         cases.push_back(c);
+      }
+    }
+  }
+  // x_in / x_out / y 8- but not 16-byte aligned (the least the launch accepts; the kernels store
+  // them with 8-byte vector instructions): layer, aliased, gathered and tail rows, erf and tanh
+  // GELU, one and several row blocks per warp, exact and padded kernels.
+  for (const auto& sh : {std::pair<int, int>{128, 128}, {64, 64}, {96, 160}}) {
+    for (const PostAttnConfig cfg : {PostAttnConfig{}, PostAttnConfig{0, -1, 0, 0, 1}}) {
+      for (const int64_t rows : {int64_t(17), int64_t(1000), int64_t(200000)}) {
+        for (int kind = 0; kind < 4; ++kind) {  // layer, aliased layer, gathered layer, tail
+          Case c = sweep_case(sh.first, sh.second, rows, cfg, "offset8");
+          c.offset8 = true;
+          c.alias = kind == 1;
+          c.gather = kind == 2;
+          c.tail = kind == 3;
+          c.S = 13;
+          c.lens = c.tail ? Lens::random : Lens::none;
+          cases.push_back(c);
+        }
       }
     }
   }
