@@ -1101,11 +1101,12 @@ void CudaEngine::Impl::build_table(Plan& p) {
       for (const PostAttnConfig& pc : configs)
         cands.push_back({"w" + std::to_string(pc.warps) + "p" + std::to_string(pc.prefetch) +
                              (pc.split > 0 ? "s" + std::to_string(pc.split) : std::string()) +
-                             (pc.reg_weights ? "r" : "") + (pc.gelu_tanh ? "t" : ""),
+                             (pc.reg_weights ? "r" : "") + (pc.gelu_tanh ? "t" : "") + (pc.wgmma ? "g" : ""),
                          std::string("warps ") + (pc.warps > 0 ? std::to_string(pc.warps) : "auto") + ", prefetch " +
                              (pc.prefetch < 0 ? "auto" : std::to_string(pc.prefetch)) +
                              (pc.split > 0 ? ", " + std::to_string(pc.split) + " warps per row block" : std::string()) +
-                             (pc.reg_weights ? ", weights in registers" : "") + (pc.gelu_tanh ? ", tanh GELU" : "")});
+                             (pc.reg_weights ? ", weights in registers" : "") + (pc.gelu_tanh ? ", tanh GELU" : "") +
+                             (pc.wgmma ? ", warpgroup MMA" : "")});
       const tune::TuneKey key = E->key(*P, key_id, {"backends/cuda/post_attn_fused"});
       const Kernel<Ctx>* self = &P->table[self_index];
       const size_t at = size_t(first - E->steps.data());

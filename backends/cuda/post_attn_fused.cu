@@ -35,6 +35,7 @@
 #include "common.cuh"
 #include "launch.hpp"
 #include "ptx.cuh"
+#include "wgmma.cuh"
 
 namespace hk::cuda {
 namespace {
@@ -123,6 +124,22 @@ __device__ __forceinline__ void copy_panel(uint32_t dst, const __half* src, int6
   }
 }
 
+// The same copy into wgmma.cuh's core-matrix layout ([NR / 8][NCOL / 8] blocks of 8 rows x 16
+// bytes, 128 contiguous bytes each), for the warpgroup kernels' B operands. Threads are dealt in
+// destination order (8 rows of one 16-byte column, then the next column): conflict-free shared
+// stores, and 64 contiguous bytes per row per warp from global memory.
+template <int NR, int NCOL>
+__device__ __forceinline__ void copy_blocked(uint32_t dst, const __half* src, int64_t ld, int vrows, int vcols,
+                                             int tid, int nthreads) {
+  constexpr int kChunks = NCOL / 8;
+  static_assert(NR % 8 == 0 && NCOL % 8 == 0, "whole core matrices");
+  for (int i = tid; i < NR * kChunks; i += nthreads) {
+    const int r = (i / (8 * kChunks)) * 8 + (i & 7), kc = (i >> 3) % kChunks, c = kc * 8;
+    const bool valid = r < vrows && c < vcols;
+    cp_async_16(dst + uint32_t(i) * 16u, valid ? src + int64_t(r) * ld + c : src, valid);
+  }
+}
+
 // acc[NT][4] += A(16 x 16 KS, ldmatrix from a_addr: the lane's address for k step 0) *
 //               B(16 KS x 8 NT; smem rows = n at stride SB halves; b_addr: the lane's address).
 template <int NT, int KS, int SB>
@@ -200,6 +217,56 @@ __device__ __forceinline__ void gelu_mma(float (&acc)[NT][4], const float (&c)[C
       mma_16816(acc[2 * pp + 1], a, b[2], b[3]);
     }
   }
+}
+
+// Warpgroup forms of mma_smem_a and gelu_mma (wgmma.cuh; sm_90a): the four warps of a group
+// each supply their own 16 rows' A fragments, B (16 k x N per step) comes from the core-matrix
+// layout at b_addr (stride byte offset sbo = 16 x the matrix's K), and the group's 64 x N product
+// accumulates into the same C layout as mma_16816's. All A fragments are formed before one
+// wgmma.fence (a fragment written after the fence would need another), then the k steps issue
+// back to back and the group waits for them.
+// KB: k steps per batch of A fragments (KS, or fewer where registers are short: the registers of
+// a batch stay reserved until its products complete, so each batch waits for its own).
+template <int N, int KS, int KB = KS>
+__device__ __forceinline__ void wg_smem_a(float (&acc)[N / 8][4], uint32_t a_addr, uint32_t b_addr, uint32_t sbo) {
+  static_assert(KS % KB == 0, "whole batches");
+#pragma unroll
+  for (int k0 = 0; k0 < KS; k0 += KB) {
+    uint32_t a[KB][4];
+#pragma unroll
+    for (int ks = 0; ks < KB; ++ks) ldsm_x4(a[ks], a_addr + (k0 + ks) * 32);
+    wgmma::fence_operands(acc);
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < KB; ++ks) {
+      wgmma::mma_rs<N>(acc, a[ks], wgmma::desc_kmajor(b_addr + (k0 + ks) * 256, 128, sbo));
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(acc);
+  }
+}
+
+template <int N, int CT, bool kTanh>
+__device__ __forceinline__ void wg_gelu(float (&acc)[N / 8][4], const float (&c)[CT][4], uint32_t b_addr,
+                                        uint32_t sbo) {
+  uint32_t a[CT / 2][4];
+#pragma unroll
+  for (int ks = 0; ks < CT / 2; ++ks) {
+    a[ks][0] = pack_half2(gelu_act<kTanh>(c[2 * ks][0]), gelu_act<kTanh>(c[2 * ks][1]));
+    a[ks][1] = pack_half2(gelu_act<kTanh>(c[2 * ks][2]), gelu_act<kTanh>(c[2 * ks][3]));
+    a[ks][2] = pack_half2(gelu_act<kTanh>(c[2 * ks + 1][0]), gelu_act<kTanh>(c[2 * ks + 1][1]));
+    a[ks][3] = pack_half2(gelu_act<kTanh>(c[2 * ks + 1][2]), gelu_act<kTanh>(c[2 * ks + 1][3]));
+  }
+  wgmma::fence_operands(acc);
+  wgmma::fence();
+#pragma unroll
+  for (int ks = 0; ks < CT / 2; ++ks) {
+    wgmma::mma_rs<N>(acc, a[ks], wgmma::desc_kmajor(b_addr + ks * 256, 128, sbo));
+  }
+  wgmma::commit();
+  wgmma::wait<0>();
+  wgmma::fence_operands(acc);
 }
 
 // LayerNorm statistics of the thread's two rows (g, g+8) across the quad, of the rows shifted by
@@ -306,10 +373,18 @@ __device__ __forceinline__ void store_ln_f16(const float (&acc)[NT][4], const Ro
 // nbuf: warp tiles per warp (2: the next row block's o is loaded during this one; resident only).
 // kTanh: the ffn's GELU in its tanh form (gelu_tanh_of_f16); instantiated for the exact resident
 // kernels (d64, d128) only.
-template <int DP, int FP, bool kPad, bool kTanh = false>
+// kWg (exact resident kernels, sm_90a): the three products as warpgroup MMAs (wgmma.cuh). The
+// weights are staged in the core-matrix layout and read by the tensor cores once per group of 4
+// warps instead of by every warp's ldmatrix (~70% of the row-per-warp kernel's shared-memory
+// wavefronts at case 6); a group takes 4 consecutive row blocks (64 rows) at a time, its warps
+// run the chain in step (every wgmma is a group-wide instruction) and rows past the end are
+// computed as zeros and not stored. Everything else (LayerNorms, GELU, outputs) is the
+// row-per-warp code: the accumulator layout is the same.
+template <int DP, int FP, bool kPad, bool kTanh = false, bool kWg = false>
 __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
     post_attn_kernel(const PostAttnParams p, int nbuf) {
   using T = Tile<DP, FP>;
+  static_assert(!kWg || (T::kResident && !kPad), "warpgroup kernels: exact resident shapes");
   constexpr int NT = T::kNT;
   constexpr int NC = T::kNC;
   constexpr int SA = T::kSA;
@@ -476,23 +551,36 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
     const uint32_t s_wo = s_w;
     const uint32_t s_wi = s_wo + uint32_t(DP * SA) * 2u;
     const uint32_t s_wf = s_wi + uint32_t(FP * SA) * 2u;
-    copy_panel<DP, DP, SA>(s_wo, p.w_o, D, D, D, tid, int(blockDim.x));
-    copy_panel<FP, DP, SA>(s_wi, p.w_in, D, F, D, tid, int(blockDim.x));
-    copy_panel<DP, FP, T::kSWf>(s_wf, p.w_out, F, D, F, tid, int(blockDim.x));
+    if constexpr (kWg) {
+      copy_blocked<DP, DP>(s_wo, p.w_o, D, D, D, tid, int(blockDim.x));
+      copy_blocked<FP, DP>(s_wi, p.w_in, D, F, D, tid, int(blockDim.x));
+      copy_blocked<DP, FP>(s_wf, p.w_out, F, D, F, tid, int(blockDim.x));
+    } else {
+      copy_panel<DP, DP, SA>(s_wo, p.w_o, D, D, D, tid, int(blockDim.x));
+      copy_panel<FP, DP, SA>(s_wi, p.w_in, D, F, D, tid, int(blockDim.x));
+      copy_panel<DP, FP, T::kSWf>(s_wf, p.w_out, F, D, F, tid, int(blockDim.x));
+    }
     pdl_launch_dependents();
     pdl_wait();  // launch_pdl: vectors and weights are staged before the previous kernel ends
     const int64_t nblk = (rows + kWarpRows - 1) / kWarpRows;
+    // Row blocks of 16: warp-major deal (row per warp), or whole groups of 4 consecutive blocks
+    // per warpgroup (kWg: blk - wq = 4 x the group's block, the loop test is the same for the
+    // group's 4 warps, and blocks past nblk run on zeros).
+    const int wq = kWg ? (warp & 3) : 0;
     const int64_t stride = int64_t(gridDim.x) * nw;
-    int64_t blk = int64_t(warp) * gridDim.x + blockIdx.x;
-    if (blk < nblk) load_o(s_tiles, blk * kWarpRows);
+    int64_t blk = kWg ? (int64_t(warp >> 2) * gridDim.x + blockIdx.x) * 4 + wq : int64_t(warp) * gridDim.x + blockIdx.x;
+    const int64_t lim = kWg ? (nblk + 3) / 4 * 4 : nblk;
+    auto live = [&](int64_t b) { return b - wq < lim; };
+    if (live(blk)) load_o(s_tiles, blk * kWarpRows);
     cp_async_commit();
     cp_async_wait_all();
+    if constexpr (kWg) wgmma::fence_proxy_async_shared();  // cp.async weights -> the tensor cores' reads
     __syncthreads();  // weights and vectors visible to every warp; no CTA barrier after this
 
     int cur = 0;
     bool first = true;
 #pragma unroll 1
-    for (; blk < nblk; blk += stride) {
+    for (; live(blk); blk += stride) {
       const int64_t row0 = blk * kWarpRows;
       const uint32_t tile = s_tiles + uint32_t(cur) * uint32_t(T::kWarpTileBytes);
       if (nbuf == 1 && !first) {
@@ -506,7 +594,7 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
       __syncwarp();
       if (nbuf == 2) {
         const int64_t next = blk + stride;
-        if (next < nblk) {
+        if (live(next)) {
           load_o(s_tiles + uint32_t(cur ^ 1) * uint32_t(T::kWarpTileBytes), next * kWarpRows);
           // x of the next block toward L2 (its register load cannot start before this block ends).
           const int64_t left = rows - next * kWarpRows;
@@ -526,7 +614,11 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
         cp_async_commit();
       }
       // out_proj + residual
-      mma_smem_a<NT, DP / 16, SA>(acc, tile + a_lane, s_wo + uint32_t(b_row * SA) * 2u + b_col);
+      if constexpr (kWg) {
+        wg_smem_a<DP, DP / 16>(acc, tile + a_lane, s_wo, uint32_t(DP) * 16u);
+      } else {
+        mma_smem_a<NT, DP / 16, SA>(acc, tile + a_lane, s_wo + uint32_t(b_row * SA) * 2u + b_col);
+      }
       // ln2 -> h (fp16) over the o tile
       {
         add_bias(acc, v_bo);
@@ -540,9 +632,18 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
       for (int c = 0; c < FP / NC; ++c) {
         float fa[NC / 8][4];
         zero_ffn(fa);
-        mma_smem_a<NC / 8, DP / 16, SA>(fa, tile + a_lane, s_wi + uint32_t((c * NC + b_row) * SA) * 2u + b_col);
-        bias_ffn(fa, c);
-        gelu_mma<NT, NC / 8, T::kSWf, kTanh>(acc, fa, s_wf + uint32_t(b_row * T::kSWf + c * NC) * 2u + b_col);
+        if constexpr (kWg) {
+          // A in two batches at D = 128: the residual, this chunk and 8 k steps of A
+          // fragments (128 registers) spill the tanh kernel at 168.
+          wg_smem_a<NC, DP / 16, (DP >= 128 ? DP / 32 : DP / 16)>(
+              fa, tile + a_lane, s_wi + uint32_t(c * NC / 8) * uint32_t(DP / 8) * 128u, uint32_t(DP) * 16u);
+          bias_ffn(fa, c);
+          wg_gelu<DP, NC / 8, kTanh>(acc, fa, s_wf + uint32_t(c * NC / 8) * 128u, uint32_t(FP) * 16u);
+        } else {
+          mma_smem_a<NC / 8, DP / 16, SA>(fa, tile + a_lane, s_wi + uint32_t((c * NC + b_row) * SA) * 2u + b_col);
+          bias_ffn(fa, c);
+          gelu_mma<NT, NC / 8, T::kSWf, kTanh>(acc, fa, s_wf + uint32_t(b_row * T::kSWf + c * NC) * 2u + b_col);
+        }
       }
       epilogue(acc, tile, row0, c0, c1);
       __syncwarp();  // every lane done with the tile before it is refilled
@@ -1062,12 +1163,30 @@ Variant pick_variant(int D, int F) {
 }
 
 
+// The warpgroup kernels run here: built for sm_90a (HK_CUDA_HAVE_WGMMA) and a compute
+// capability 9.0 device (the arch-specific code runs on that one only). Current device, once per
+// process.
+bool wgmma_available() {
+#if defined(HK_CUDA_HAVE_WGMMA) && HK_CUDA_HAVE_WGMMA
+  static const bool ok = [] {
+    int dev = 0, major = 0, minor = 0;
+    HK_CUDA_CHECK(cudaGetDevice(&dev));
+    HK_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    HK_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    return major == 9 && minor == 0;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
 // Opts the kernel into the device's whole shared memory once per process (current device).
-template <int DP, int FP, bool kPad, bool kTanh = false>
+template <int DP, int FP, bool kPad, bool kTanh = false, bool kWg = false>
 void raise_smem_limit() {
   static const bool done = [] {
-    HK_CUDA_CHECK(cudaFuncSetAttribute(post_attn_kernel<DP, FP, kPad, kTanh>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       device_limits().smem_optin));
+    HK_CUDA_CHECK(cudaFuncSetAttribute(post_attn_kernel<DP, FP, kPad, kTanh, kWg>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, device_limits().smem_optin));
     return true;
   }();
   (void)done;
@@ -1089,20 +1208,23 @@ struct Resolved {
   bool exact = false;  // cfg's explicit fields are what runs (no clamping)
 };
 
-template <int DP, int FP, bool kPad, bool kTanh = false>
+template <int DP, int FP, bool kPad, bool kTanh = false, bool kWg = false>
 Resolved resolve(const PostAttnConfig& cfg, int64_t rows, const DeviceLimits& lim) {
   using T = Tile<DP, FP>;
-  raise_smem_limit<DP, FP, kPad, kTanh>();
+  raise_smem_limit<DP, FP, kPad, kTanh, kWg>();
   constexpr int kMaxWarps = max_warps<DP, FP, kPad>();
+  // Warpgroup kernels: whole groups of 4 warps.
+  constexpr int kStep = kWg ? 4 : 1;
   Resolved r;
   r.warps = cfg.warps > 0 ? std::min(cfg.warps, kMaxWarps) : kMaxWarps;
+  r.warps = std::max(kStep, r.warps / kStep * kStep);
   r.nbuf = (T::kResident && cfg.prefetch != 0) ? 2 : 1;
   // Too big for this device: drop the o double buffer first (unless asked for), then warps.
   while (smem_bytes<DP, FP>(r.warps, r.nbuf) > size_t(lim.smem_optin)) {
     if (r.nbuf == 2 && cfg.prefetch != 1) {
       r.nbuf = 1;
-    } else if (r.warps > 1) {
-      --r.warps;
+    } else if (r.warps > kStep) {
+      r.warps -= kStep;
     } else if (r.nbuf == 2) {
       r.nbuf = 1;
     } else {
@@ -1112,12 +1234,13 @@ Resolved resolve(const PostAttnConfig& cfg, int64_t rows, const DeviceLimits& li
   r.exact = (cfg.warps <= 0 || cfg.warps == r.warps) &&
             (cfg.prefetch < 0 || (cfg.prefetch == 1) == (r.nbuf == 2));
   r.smem = smem_bytes<DP, FP>(r.warps, r.nbuf);
-  HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.occ, post_attn_kernel<DP, FP, kPad, kTanh>, r.warps * 32,
-                                                              r.smem));
+  HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.occ, post_attn_kernel<DP, FP, kPad, kTanh, kWg>,
+                                                              r.warps * 32, r.smem));
   if (r.occ < 1) throw std::invalid_argument("hk::post_attn[cuda.fused]: kernel does not fit on an SM");
-  // Persistent: at most one wave; fewer CTAs when there is not enough work to deal out.
-  const int64_t units = T::kResident ? (rows + kWarpRows - 1) / kWarpRows
-                                     : (rows + int64_t(r.warps) * kWarpRows - 1) / (int64_t(r.warps) * kWarpRows);
+  // Persistent: at most one wave; fewer CTAs when there is not enough work to deal out (a unit:
+  // a warp's row block, a warpgroup's 4, or a streamed CTA's warps blocks).
+  const int64_t unit_rows = T::kResident ? int64_t(kStep) * kWarpRows : int64_t(r.warps) * kWarpRows;
+  const int64_t units = (rows + unit_rows - 1) / unit_rows;
   r.grid = std::max<int64_t>(1, std::min<int64_t>(int64_t(r.occ) * lim.sms, units));
   return r;
 }
@@ -1128,24 +1251,44 @@ constexpr bool has_tanh() {
   return !kPad && Tile<DP, FP>::kResident;
 }
 
-template <int DP, int FP, bool kPad, bool kTanh = false>
+// The warpgroup instantiations: the exact resident kernels (the same set as the tanh GELU).
+template <int DP, int FP, bool kPad>
+constexpr bool has_wg() {
+  return has_tanh<DP, FP, kPad>();
+}
+
+template <int DP, int FP, bool kPad, bool kTanh = false, bool kWg = false>
 void launch(const PostAttnParams& p, cudaStream_t stream, const PostAttnConfig& cfg) {
-  if constexpr (has_tanh<DP, FP, kPad>() && !kTanh) {
+  if constexpr (has_tanh<DP, FP, kPad>() && !kTanh && !kWg) {
     if (cfg.gelu_tanh) return launch<DP, FP, kPad, true>(p, stream, cfg);
   }
-  const Resolved r = resolve<DP, FP, kPad, kTanh>(cfg, p.rows, device_limits());
-  launch_pdl(post_attn_kernel<DP, FP, kPad, kTanh>, dim3(unsigned(r.grid)), dim3(unsigned(r.warps * 32)), r.smem,
+  if constexpr (has_wg<DP, FP, kPad>() && !kWg) {
+    if (cfg.wgmma && wgmma_available()) return launch<DP, FP, kPad, kTanh, true>(p, stream, cfg);
+  }
+  const Resolved r = resolve<DP, FP, kPad, kTanh, kWg>(cfg, p.rows, device_limits());
+  launch_pdl(post_attn_kernel<DP, FP, kPad, kTanh, kWg>, dim3(unsigned(r.grid)), dim3(unsigned(r.warps * 32)), r.smem,
              stream, p, r.nbuf);
   HK_CUDA_CHECK_LAUNCH();
 }
 
+// resolve() of the instantiation `cfg` runs on.
+template <int DP, int FP, bool kPad>
+Resolved resolve_cfg(const PostAttnConfig& cfg, int64_t rows, const DeviceLimits& lim) {
+  if constexpr (has_tanh<DP, FP, kPad>()) {
+    const bool tanh = cfg.gelu_tanh != 0, wg = cfg.wgmma != 0 && wgmma_available();
+    if (tanh && wg) return resolve<DP, FP, kPad, true, true>(cfg, rows, lim);
+    if (tanh) return resolve<DP, FP, kPad, true>(cfg, rows, lim);
+    if (wg) return resolve<DP, FP, kPad, false, true>(cfg, rows, lim);
+  }
+  return resolve<DP, FP, kPad>(cfg, rows, lim);
+}
+
 template <int DP, int FP, bool kPad>
 PostAttnConfig effective(int64_t rows, const PostAttnConfig& cfg) {
-  const bool tanh = has_tanh<DP, FP, kPad>() && cfg.gelu_tanh != 0;
-  const Resolved r = tanh ? resolve<DP, FP, kPad, has_tanh<DP, FP, kPad>()>(cfg, rows, device_limits())
-                          : resolve<DP, FP, kPad>(cfg, rows, device_limits());
+  const Resolved r = resolve_cfg<DP, FP, kPad>(cfg, rows, device_limits());
   PostAttnConfig e{r.warps, r.nbuf == 2 ? 1 : 0};
-  e.gelu_tanh = tanh ? 1 : 0;
+  e.gelu_tanh = has_tanh<DP, FP, kPad>() && cfg.gelu_tanh != 0 ? 1 : 0;
+  e.wgmma = has_wg<DP, FP, kPad>() && cfg.wgmma != 0 && wgmma_available() ? 1 : 0;
   return e;
 }
 
@@ -1195,6 +1338,22 @@ std::vector<PostAttnConfig> candidates(int64_t rows, bool tanh_gelu) {
     for (size_t i = 0; i < n; ++i) {
       PostAttnConfig c = effective<DP, FP, kPad>(rows, out[i]);
       c.gelu_tanh = 1;
+      out.push_back(c);
+    }
+  }
+  if (has_wg<DP, FP, kPad>() && wgmma_available()) {
+    // Each row-per-warp entry (erf and tanh) again as a warpgroup kernel, its warps rounded down
+    // to whole groups of 4 (at least one group); shapes that then run the same are left out.
+    const size_t n = out.size();
+    for (size_t i = 0; i < n; ++i) {
+      PostAttnConfig c = effective<DP, FP, kPad>(rows, out[i]);
+      c.warps = std::max(4, c.warps / 4 * 4);
+      c.wgmma = 1;
+      const Resolved r = resolve_cfg<DP, FP, kPad>(c, rows, lim);
+      if (!r.exact) continue;
+      const PostAttnConfig run = effective<DP, FP, kPad>(rows, c);
+      if (std::find(runs.begin(), runs.end(), run) != runs.end()) continue;
+      runs.push_back(run);
       out.push_back(c);
     }
   }
@@ -1374,12 +1533,20 @@ bool post_attn_fused_supports(int D, int F) {
       if (!fits_device<64, 64>()) return false;
       raise_smem_limit<64, 64, false>();
       raise_smem_limit<64, 64, false, true>();
+      if (wgmma_available()) {
+        raise_smem_limit<64, 64, false, false, true>();
+        raise_smem_limit<64, 64, false, true, true>();
+      }
       raise_split_smem_limits<64, 64>();
       return true;
     case Variant::d128:
       if (!fits_device<128, 128>()) return false;
       raise_smem_limit<128, 128, false>();
       raise_smem_limit<128, 128, false, true>();
+      if (wgmma_available()) {
+        raise_smem_limit<128, 128, false, false, true>();
+        raise_smem_limit<128, 128, false, true, true>();
+      }
       raise_split_smem_limits<128, 128>();
       return true;
     case Variant::d256:

@@ -86,16 +86,22 @@ struct PostAttnParams {
 //              the hardware tanh approximation, ~1/3 of the erf form's instructions. Not the
 //              model's exact GELU (|difference| < 1e-3 on fp16-rounded inputs): a fast-precision
 //              candidate that a tuner must check against the erf form, as cuBLASLt's tanh epilogue.
+//   wgmma:     1 (exact resident kernels d64 / d128, row per warp; ignored elsewhere, and where
+//              the build has no sm_90a code or the device is not compute capability 9.0) = the
+//              products as warpgroup MMAs (wgmma.cuh): the tensor cores read the weights from
+//              shared memory once per group of 4 warps instead of each warp through ldmatrix;
+//              warps then count in whole groups of 4, each group taking 64 rows at a time.
 struct PostAttnConfig {
   int warps = 0;
   int prefetch = -1;
   int split = 0;
   int reg_weights = 0;
   int gelu_tanh = 0;
+  int wgmma = 0;
 };
 inline bool operator==(const PostAttnConfig& a, const PostAttnConfig& b) {
   return a.warps == b.warps && a.prefetch == b.prefetch && a.split == b.split && a.reg_weights == b.reg_weights &&
-         a.gelu_tanh == b.gelu_tanh;
+         a.gelu_tanh == b.gelu_tanh && a.wgmma == b.wgmma;
 }
 
 // True when this build can run (D, F): D and F multiples of 8 with D <= 256 and F <= 256.
@@ -117,7 +123,8 @@ void post_attn_fused(const PostAttnParams& p, cudaStream_t stream, const PostAtt
 // The configuration a launch of (D, F, rows) with `config` would run on the current device, after
 // clamping to the kernel's limits and its shared memory: warps > 0 and prefetch 0 / 1 (always 0
 // for the streamed and column-split kernels), split and reg_weights as run when (D, F) has the
-// column-split kernel (else 0), gelu_tanh as run. {0, -1, 0, 0, 0} if (D, F) is unsupported.
+// column-split kernel (else 0), gelu_tanh and wgmma as run. {0, -1, 0, 0, 0, 0} if (D, F) is
+// unsupported.
 PostAttnConfig post_attn_fused_effective(int D, int F, int64_t rows, const PostAttnConfig& config);
 
 // Configurations worth timing for (D, F, rows) on the current device, the automatic one first
@@ -135,8 +142,11 @@ PostAttnConfig post_attn_fused_effective(int D, int F, int64_t rows, const PostA
 //     registers, then with them in shared memory and 1 and 2 row blocks per CTA, 4 warps per row
 //     block with 2 and 4 (while there are at most 16 row blocks per SM; beyond that only 8 x 2);
 //   with tanh_gelu (fast precision, the exact GELU not pinned) and an exact resident kernel: each
-//     row-per-warp entry above again as it runs (explicit warps and prefetch) with gelu_tanh = 1,
-//     before the column-split entries.
+//     row-per-warp entry above again as it runs (explicit warps and prefetch) with gelu_tanh = 1;
+//   exact resident kernels where the warpgroup kernels run (sm_90a build, compute capability 9.0):
+//     each row-per-warp entry above (erf and tanh) again with wgmma = 1, its warps rounded down to
+//     a multiple of 4, unless that runs as an earlier entry;
+//   then the column-split entries.
 std::vector<PostAttnConfig> post_attn_fused_candidates(int D, int F, int64_t rows, bool tanh_gelu = false);
 
 // The chain with the next layer's QKV projection (PostAttnParams::qkv_out): D = F = 64 or 128,

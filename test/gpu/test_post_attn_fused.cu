@@ -486,11 +486,12 @@ Outcome run_case(const Case& c, uint64_t seed) {
 }
 
 std::string cfg_name(const PostAttnConfig& c) {
-  if (c.warps == 0 && c.prefetch < 0 && c.split == 0) return c.gelu_tanh ? "auto.tanh" : "auto";
+  if (c.warps == 0 && c.prefetch < 0 && c.split == 0)
+    return std::string(c.gelu_tanh ? "auto.tanh" : "auto") + (c.wgmma ? ".wg" : "");
   return "w" + (c.warps ? std::to_string(c.warps) : std::string("-")) + ".pf" +
          (c.prefetch < 0 ? std::string("-") : std::to_string(c.prefetch)) +
          (c.split > 0 ? ".s" + std::to_string(c.split) : std::string()) + (c.reg_weights ? "r" : "") +
-         (c.gelu_tanh ? ".tanh" : "");
+         (c.gelu_tanh ? ".tanh" : "") + (c.wgmma ? ".wg" : "");
 }
 
 // ---- shared setup of the extra checks ------------------------------------------------------------
@@ -1100,6 +1101,28 @@ int main() {
     c.note = "config";
     cases.push_back(c);
   }
+  // Warpgroup kernels (wgmma = 1; sm_90a builds on compute capability 9.0, else the row-per-warp
+  // kernel runs): groups of 4 warps over 64 rows, with row counts that leave a group's last
+  // blocks (or all but one of its rows) past the end, the o double buffer, 4 / 8 / 12 / 16 warps,
+  // erf and tanh GELU, d64 and d128, layer (aliased or not) and tail (every lengths mode).
+  for (const auto& sh : {std::pair<int, int>{128, 128}, {64, 64}}) {
+    for (const PostAttnConfig cfg : {PostAttnConfig{0, -1, 0, 0, 0, 1}, PostAttnConfig{0, -1, 0, 0, 1, 1},
+                                     PostAttnConfig{4, 0, 0, 0, 0, 1}, PostAttnConfig{8, 1, 0, 0, 1, 1},
+                                     PostAttnConfig{12, 0, 0, 0, 1, 1}, PostAttnConfig{16, 1, 0, 0, 0, 1}}) {
+      for (const int64_t rows : {int64_t(1), int64_t(15), int64_t(17), int64_t(64), int64_t(65), int64_t(1000),
+                                 int64_t(100001)}) {
+        for (const bool tail : {false, true}) {
+          Case c = sweep_case(sh.first, sh.second, rows, cfg, "wgmma");
+          c.tail = tail;
+          c.S = rows == 1 ? 1 : 16;
+          c.lens = tail ? (rows % 2 == 1 ? Lens::edge : Lens::random) : Lens::none;
+          c.nan_pad = tail && rows == 1000;
+          c.alias = !tail && rows % 2 == 1;
+          cases.push_back(c);
+        }
+      }
+    }
+  }
   for (const PostAttnConfig cfg : {PostAttnConfig{2, -1}, PostAttnConfig{5, -1}}) {
     Case c;
     c.D = 256;
@@ -1133,7 +1156,8 @@ int main() {
   // buffer and the tanh GELU, d256 streamed, the padded ones) and the column-split kernel.
   for (const auto& sh : {std::pair<int, int>{128, 128}, {64, 64}, {256, 256}, {96, 160}, {40, 72}}) {
     for (const PostAttnConfig cfg : {PostAttnConfig{}, PostAttnConfig{0, 0}, PostAttnConfig{0, -1, 0, 0, 1},
-                                     PostAttnConfig{16, 0, 8}, PostAttnConfig{8, 0, 8, 1}}) {
+                                     PostAttnConfig{16, 0, 8}, PostAttnConfig{8, 0, 8, 1},
+                                     PostAttnConfig{0, -1, 0, 0, 1, 1}}) {
       if (cfg.split > 0 && sh.first != sh.second) continue;
       if (cfg.split > 0 && sh.first == 256) continue;
       for (const int64_t rows : {int64_t(1), int64_t(17), int64_t(1000), int64_t(20000), int64_t(200000)}) {
@@ -1151,7 +1175,8 @@ int main() {
   // and tail rows, erf and tanh GELU, one and several row blocks per warp, exact, padded and
   // column-split kernels.
   for (const auto& sh : {std::pair<int, int>{128, 128}, {64, 64}, {96, 160}}) {
-    for (const PostAttnConfig cfg : {PostAttnConfig{}, PostAttnConfig{0, -1, 0, 0, 1}, PostAttnConfig{8, 0, 8}}) {
+    for (const PostAttnConfig cfg : {PostAttnConfig{}, PostAttnConfig{0, -1, 0, 0, 1}, PostAttnConfig{8, 0, 8},
+                                     PostAttnConfig{0, -1, 0, 0, 0, 1}}) {
       if (cfg.split > 0 && sh.first != sh.second) continue;  // the column split: exact shapes only
       for (const int64_t rows : {int64_t(17), int64_t(1000), int64_t(200000)}) {
         for (int kind = 0; kind < 4; ++kind) {  // layer, aliased layer, gathered layer, tail
@@ -1190,6 +1215,8 @@ int main() {
     cases.push_back(c);
     c.cfg = PostAttnConfig{8, 0, 8, 1};
     cases.push_back(c);
+    c.cfg = PostAttnConfig{0, -1, 0, 0, 1, 1};
+    cases.push_back(c);
   }
 
   std::printf("\n%-4s %-42s %-4s %-4s %-7s %-5s %-5s %-6s %-9s %-11s %-7s %-9s %-9s %-5s %-5s %-5s %-5s %s\n", "#",
@@ -1218,6 +1245,7 @@ int main() {
       cfgs.push_back(PostAttnConfig{16, 0, 8});
       cfgs.push_back(PostAttnConfig{8, 0, 4});
       cfgs.push_back(PostAttnConfig{8, 0, 8, 1});
+      cfgs.push_back(PostAttnConfig{0, -1, 0, 0, 0, 1});
     }
     for (const PostAttnConfig& cfg : cfgs) {
       for (const bool tail : {false, true}) {
@@ -1277,7 +1305,7 @@ int main() {
       std::string list;
       for (size_t i = 0; i < cands.size(); ++i) {
         const PostAttnConfig eff = hk::cuda::post_attn_fused_effective(sh.first, sh.second, rows, cands[i]);
-        if (eff.gelu_tanh != cands[i].gelu_tanh) ok = false;
+        if (eff.gelu_tanh != cands[i].gelu_tanh || eff.wgmma != cands[i].wgmma) ok = false;
         if (i > 0 && (eff.warps != cands[i].warps || eff.split != cands[i].split ||
                       eff.reg_weights != cands[i].reg_weights ||
                       (cands[i].prefetch >= 0 && eff.prefetch != cands[i].prefetch))) {
@@ -1286,7 +1314,7 @@ int main() {
         if (std::find(runs.begin(), runs.end(), eff) != runs.end()) ok = false;
         runs.push_back(eff);
         list += " " + cfg_name(cands[i]) + "[" + std::to_string(eff.warps) + "." + std::to_string(eff.prefetch) +
-                (eff.split > 0 ? ".s" + std::to_string(eff.split) : std::string()) + (eff.reg_weights ? "r" : "") + (eff.gelu_tanh ? "t" : "") + "]";
+                (eff.split > 0 ? ".s" + std::to_string(eff.split) : std::string()) + (eff.reg_weights ? "r" : "") + (eff.gelu_tanh ? "t" : "") + (eff.wgmma ? "g" : "") + "]";
         Case c;
         c.D = sh.first;
         c.F = sh.second;
@@ -1332,6 +1360,32 @@ int main() {
     const bool ok = e.ok() && t.ok() && (has ? e.hash != t.hash : e.hash == t.hash);
     std::printf("%-4d tanh flag D=%d F=%d: outputs %s the erf twin's (expected %s): %s\n", n, sh.first, sh.second,
                 e.hash == t.hash ? "equal" : "differ from", has ? "differ" : "equal", ok ? "PASS" : "FAIL");
+    failures += ok ? 0 : 1;
+    ++n;
+  }
+  // The warpgroup flag runs the warpgroup kernels wherever this build has them and the device is
+  // compute capability 9.0 (an sm_90a build: HK_TEST_EXPECT_WGMMA), and nowhere else.
+  {
+    int dev = 0, major = 0, minor = 0;
+    CHECK_CUDA(cudaGetDevice(&dev));
+    CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CHECK_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+#if defined(HK_TEST_EXPECT_WGMMA) && HK_TEST_EXPECT_WGMMA
+    const bool expect = major == 9 && minor == 0;
+#else
+    const bool expect = false;
+#endif
+    bool ok = true;
+    std::string list;
+    for (const auto& sh : {std::pair<int, int>{64, 64}, {128, 128}, {256, 256}, {96, 160}}) {
+      const PostAttnConfig eff =
+          hk::cuda::post_attn_fused_effective(sh.first, sh.second, 1000, PostAttnConfig{0, -1, 0, 0, 0, 1});
+      const bool want = expect && sh.first == sh.second && sh.first <= 128;
+      ok = ok && (eff.wgmma == 1) == want;
+      list += " D=" + std::to_string(sh.first) + ":" + std::to_string(eff.wgmma);
+    }
+    std::printf("%-4d wgmma flag (device %d.%d, expected on the exact resident kernels: %s):%s: %s\n", n, major,
+                minor, expect ? "yes" : "no", list.c_str(), ok ? "PASS" : "FAIL");
     failures += ok ? 0 : 1;
     ++n;
   }
@@ -1482,6 +1536,11 @@ int main() {
       {"case6 tail", 128, 128, 1280000, true, {0, -1, 0, 0, 1}},
       {"case6 packed layer", 128, 128, 683264, false, {}},
       {"case6 packed layer", 128, 128, 683264, false, {0, -1, 0, 0, 1}},
+      {"case6 packed layer", 128, 128, 683264, false, {12, 0, 0, 0, 1}},
+      {"case6 packed layer", 128, 128, 683264, false, {12, 0, 0, 0, 1, 1}},
+      {"case6 packed layer", 128, 128, 683264, false, {12, 1, 0, 0, 1, 1}},
+      {"case6 packed layer", 128, 128, 683264, false, {8, 1, 0, 0, 1, 1}},
+      {"case6 packed layer", 128, 128, 683264, false, {12, 0, 0, 0, 0, 1}},
       {"case1 layer", 128, 128, 8192, false, {}},
       {"case1 layer", 128, 128, 8192, false, {8, 0, 8}},
       {"case1 layer", 128, 128, 8192, false, {16, 0, 8}},
@@ -1492,6 +1551,8 @@ int main() {
       {"case1 packed layer", 128, 128, 4352, false, {16, 0, 4}},
       {"case1 packed layer", 128, 128, 4352, false, {8, 0, 8, 1}},
       {"case1 packed layer", 128, 128, 4352, false, {0, -1, 0, 0, 1}},
+      {"case1 packed layer", 128, 128, 4352, false, {0, -1, 0, 0, 1, 1}},
+      {"case1 packed layer", 128, 128, 4352, false, {4, 0, 0, 0, 1, 1}},
       {"case2 layer", 128, 128, 128, false, {}},
       {"case2 layer", 128, 128, 128, false, {8, 0, 8}},
       {"case2 layer", 128, 128, 128, false, {16, 0, 8}},
@@ -1510,6 +1571,7 @@ int main() {
       {"d256 1.28M layer", 256, 256, 1280000, false, {}},
       {"d64 1.28M layer", 64, 64, 1280000, false, {}},
       {"d64 1.28M layer", 64, 64, 1280000, false, {0, -1, 0, 0, 1}},
+      {"d64 1.28M layer", 64, 64, 1280000, false, {0, -1, 0, 0, 1, 1}},
   };
   for (const auto& t : shapes_t) time_shape(t, copy_gbs);
   return failures == 0 ? 0 : 1;
