@@ -247,10 +247,11 @@ __device__ __forceinline__ void wg_smem_a(float (&acc)[N / 8][4], uint32_t a_add
   }
 }
 
+// acc += GELU(c) B, issued and committed but not waited for: the caller waits (wgmma::wait) and
+// then calls keep_fragments(a) and fence_operands(acc). `a` receives the GELU's A fragments.
 template <int N, int CT, bool kTanh>
-__device__ __forceinline__ void wg_gelu(float (&acc)[N / 8][4], const float (&c)[CT][4], uint32_t b_addr,
-                                        uint32_t sbo) {
-  uint32_t a[CT / 2][4];
+__device__ __forceinline__ void wg_gelu_issue(float (&acc)[N / 8][4], const float (&c)[CT][4],
+                                              uint32_t (&a)[CT / 2][4], uint32_t b_addr, uint32_t sbo) {
 #pragma unroll
   for (int ks = 0; ks < CT / 2; ++ks) {
     a[ks][0] = pack_half2(gelu_act<kTanh>(c[2 * ks][0]), gelu_act<kTanh>(c[2 * ks][1]));
@@ -265,8 +266,6 @@ __device__ __forceinline__ void wg_gelu(float (&acc)[N / 8][4], const float (&c)
     wgmma::mma_rs<N>(acc, a[ks], wgmma::desc_kmajor(b_addr + ks * 256, 128, sbo));
   }
   wgmma::commit();
-  wgmma::wait<0>();
-  wgmma::fence_operands(acc);
 }
 
 // LayerNorm statistics of the thread's two rows (g, g+8) across the quad, of the rows shifted by
@@ -628,18 +627,53 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
         __syncwarp();
       }
       // ffn_in + GELU + ffn_out, chunk by chunk
-#pragma unroll 1
-      for (int c = 0; c < FP / NC; ++c) {
-        float fa[NC / 8][4];
-        zero_ffn(fa);
-        if constexpr (kWg) {
-          // A in two batches at D = 128: the residual, this chunk and 8 k steps of A
-          // fragments (128 registers) spill the tanh kernel at 168.
-          wg_smem_a<NC, DP / 16, (DP >= 128 ? DP / 32 : DP / 16)>(
-              fa, tile + a_lane, s_wi + uint32_t(c * NC / 8) * uint32_t(DP / 8) * 128u, uint32_t(DP) * 16u);
+      if constexpr (kWg) {
+        // A fragments of ffn_in in batches at D = 128: the residual, the chunk, the GELU
+        // fragments in flight and 8 k steps of A at once spill at 168 registers.
+        constexpr int KB = DP >= 128 ? DP / 32 : DP / 16;
+        auto ffn_in = [&](float (&fa)[NC / 8][4], int c) {
+          zero_ffn(fa);
+          wg_smem_a<NC, DP / 16, KB>(fa, tile + a_lane, s_wi + uint32_t(c * NC / 8) * uint32_t(DP / 8) * 128u,
+                                     uint32_t(DP) * 16u);
           bias_ffn(fa, c);
-          wg_gelu<DP, NC / 8, kTanh>(acc, fa, s_wf + uint32_t(c * NC / 8) * 128u, uint32_t(FP) * 16u);
+        };
+        auto ffn_out = [&](const float (&fa)[NC / 8][4], uint32_t (&ga)[NC / 16][4], int c) {
+          wg_gelu_issue<DP, NC / 8, kTanh>(acc, fa, ga, s_wf + uint32_t(c * NC / 8) * 128u, uint32_t(FP) * 16u);
+        };
+        if constexpr (kTanh) {
+          // ffn_out of chunk c runs while ffn_in of chunk c + 1 is issued (its first wait covers
+          // both). Not with the erf GELU: the chunk carried across iterations spills it at 168.
+          float fa[NC / 8][4];
+          ffn_in(fa, 0);
+#pragma unroll 1
+          for (int c = 0; c < FP / NC; ++c) {
+            uint32_t ga[NC / 16][4];
+            ffn_out(fa, ga, c);
+            if (c + 1 < FP / NC) {
+              ffn_in(fa, c + 1);  // its waits also complete this chunk's ffn_out
+            } else {
+              wgmma::wait<0>();
+            }
+            wgmma::keep_fragments(ga);
+            wgmma::fence_operands(acc);
+          }
         } else {
+#pragma unroll 1
+          for (int c = 0; c < FP / NC; ++c) {
+            float fa[NC / 8][4];
+            uint32_t ga[NC / 16][4];
+            ffn_in(fa, c);
+            ffn_out(fa, ga, c);
+            wgmma::wait<0>();
+            wgmma::keep_fragments(ga);
+            wgmma::fence_operands(acc);
+          }
+        }
+      } else {
+#pragma unroll 1
+        for (int c = 0; c < FP / NC; ++c) {
+          float fa[NC / 8][4];
+          zero_ffn(fa);
           mma_smem_a<NC / 8, DP / 16, SA>(fa, tile + a_lane, s_wi + uint32_t((c * NC + b_row) * SA) * 2u + b_col);
           bias_ffn(fa, c);
           gelu_mma<NT, NC / 8, T::kSWf, kTanh>(acc, fa, s_wf + uint32_t(b_row * T::kSWf + c * NC) * 2u + b_col);

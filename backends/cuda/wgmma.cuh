@@ -73,6 +73,17 @@ __device__ __forceinline__ void fence_operands(float (&d)[NT][4]) {
   }
 }
 
+// Keeps A fragments given to an in-flight wgmma alive (unchanged, in their registers) in the
+// compiler's view up to this point: call after the wait that covers that wgmma.
+template <int KS>
+__device__ __forceinline__ void keep_fragments(uint32_t (&a)[KS][4]) {
+#pragma unroll
+  for (int k = 0; k < KS; ++k) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[k][i])::"memory");
+  }
+}
+
 // d[N / 8][4] += A (this warp's 16 x 16 rows of the group's 64, registers) x B (16 x N, desc).
 template <int N>
 __device__ __forceinline__ void mma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc);
