@@ -717,15 +717,6 @@ void launch_f32(const AttentionParams& p, cudaStream_t stream) {
   HK_CUDA_CHECK_LAUNCH();
 }
 
-// q128 (8 warps): the small head dims only (the instantiations the tuner can pick).
-void dispatch_f16_q128(const AttentionParams& p, cudaStream_t stream) {
-  switch (head_dim_bucket(p.head_dim)) {
-    case 8: return launch_f16<8, 8>(p, stream);
-    case 16: return launch_f16<16, 8>(p, stream);
-    default: return launch_f16<32, 8>(p, stream);
-  }
-}
-
 template <int NW>
 void dispatch_f16(const AttentionParams& p, cudaStream_t stream) {
   switch (head_dim_bucket(p.head_dim)) {
@@ -795,17 +786,10 @@ bool attention_flash_supports(const AttentionParams& p) {
   return true;
 }
 
-bool attention_flash_tile_supported(const AttentionParams& p, FlashQueryTile tile) {
-  if (!attention_flash_supports(p)) return false;
-  return tile != FlashQueryTile::q128 || (p.dtype == DType::f16 && head_dim_bucket(p.head_dim) <= 32);
-}
-
 void attention_flash(const AttentionParams& p, cudaStream_t stream, FlashQueryTile tile) {
-  if (!attention_flash_tile_supported(p, tile))
-    throw std::invalid_argument("hk::attention[cuda.flash]: unsupported parameters");
+  if (!attention_flash_supports(p)) throw std::invalid_argument("hk::attention[cuda.flash]: unsupported parameters");
   if (p.B == 0 || p.S == 0) return;
   if (p.dtype == DType::f32) return dispatch_f32(p, stream);
-  if (tile == FlashQueryTile::q128) return dispatch_f16_q128(p, stream);
   if (resolve_tile(p, tile) == FlashQueryTile::q64) return dispatch_f16<4>(p, stream);
   return dispatch_f16<1>(p, stream);
 }
@@ -823,9 +807,6 @@ const char* attention_flash_name(const AttentionParams& p, FlashQueryTile tile) 
       "hk::attention[cuda.flash.hd8.q16.f16]",  "hk::attention[cuda.flash.hd16.q16.f16]",
       "hk::attention[cuda.flash.hd32.q16.f16]", "hk::attention[cuda.flash.hd64.q16.f16]",
       "hk::attention[cuda.flash.hd128.q16.f16]", "hk::attention[cuda.flash.hd256.q16.f16]"};
-  static const char* const kF16Q128[] = {"hk::attention[cuda.flash.hd8.q128.f16]",
-                                         "hk::attention[cuda.flash.hd16.q128.f16]",
-                                         "hk::attention[cuda.flash.hd32.q128.f16]"};
   static const char* const kF32[] = {
       "hk::attention[cuda.flash.hd8.f32]",  "hk::attention[cuda.flash.hd16.f32]",
       "hk::attention[cuda.flash.hd32.f32]", "hk::attention[cuda.flash.hd64.f32]",
@@ -833,7 +814,6 @@ const char* attention_flash_name(const AttentionParams& p, FlashQueryTile tile) 
   if (p.head_dim < 1 || p.head_dim > kMaxHeadDim) return "hk::attention[cuda.flash.unsupported]";
   const int i = bucket_index(head_dim_bucket(p.head_dim));
   if (p.dtype == DType::f32) return kF32[i];
-  if (tile == FlashQueryTile::q128) return i <= 2 ? kF16Q128[i] : "hk::attention[cuda.flash.q128.unsupported]";
   return resolve_tile(p, tile) == FlashQueryTile::q64 ? kF16Q64[i] : kF16Q16[i];
 }
 

@@ -15,21 +15,14 @@ namespace hk::cuda {
 
 // Query rows per thread block of the f16 kernel. `automatic` picks q64 (4 warps) unless even the
 // q16 grid (1 warp per block) has no more blocks than SMs. The explicit values exist for tuning
-// and for tests that must exercise them. q128 (8 warps: a whole sequence of up to 128 positions
-// per block, each K/V tile read once for all its queries) exists for head_dim buckets 8, 16 and
-// 32 only (attention_flash_tile_supported).
-enum class FlashQueryTile : int { automatic = 0, q64 = 64, q16 = 16, q128 = 128 };
+// and for tests that must exercise both.
+enum class FlashQueryTile : int { automatic = 0, q64 = 64, q16 = 16 };
 
 // True when the kernels can run these parameters (dtype, head_dim, strides, alignment, grid).
 bool attention_flash_supports(const AttentionParams& p);
 
-// True when attention_flash(p, stream, tile) can run: attention_flash_supports(p) and, for q128,
-// the f16 kernel with head_dim <= 32.
-bool attention_flash_tile_supported(const AttentionParams& p, FlashQueryTile tile);
-
 // Launches the kernel on `stream`: no synchronisation, no allocation, graph-capturable.
-// Throws std::invalid_argument when !attention_flash_tile_supported(p, tile). The f32 kernel
-// ignores `tile`.
+// Throws std::invalid_argument when !attention_flash_supports(p). The f32 kernel ignores `tile`.
 void attention_flash(const AttentionParams& p, cudaStream_t stream);
 void attention_flash(const AttentionParams& p, cudaStream_t stream, FlashQueryTile tile);
 

@@ -34,7 +34,6 @@ bool flash_route_supports([[maybe_unused]] const AttentionParams& p, [[maybe_unu
 #if HK_CUDA_HAVE_FLASH
   if (tile == FlashTile::q64k2 || tile == FlashTile::q64k4)
     return attention_flash_split_supports(p, tile == FlashTile::q64k2 ? 2 : 4);
-  if (tile == FlashTile::q128) return attention_flash_tile_supported(p, FlashQueryTile::q128);
   return attention_flash_supports(p);
 #else
   return false;
@@ -48,7 +47,6 @@ FlashQueryTile query_tile(FlashTile t) {
   switch (t) {
     case FlashTile::q64: return FlashQueryTile::q64;
     case FlashTile::q16: return FlashQueryTile::q16;
-    case FlashTile::q128: return FlashQueryTile::q128;
     default: return FlashQueryTile::automatic;
   }
 }

@@ -17,9 +17,8 @@ namespace hk::cuda {
 // The own flash kernel (the default route). Its f16 kernel has two query tiles; `automatic`
 // picks one by occupancy, the explicit ones are the measured alternatives (f32 ignores the tile).
 // q64k2 / q64k4: q64 tiles with the keys split over a cluster of 2 / 4 CTAs (f16, sm_90+, head
-// dims 16-64); q128: 8 warps per (sequence, head) tile of 128 queries (f16, head dims up to 32).
-// flash_route_supports(p, tile) says where each runs.
-enum class FlashTile { automatic, q64, q16, q64k2, q64k4, q128 };
+// dims 16-64; flash_route_supports(p, tile) says where).
+enum class FlashTile { automatic, q64, q16, q64k2, q64k4 };
 bool flash_route_compiled();
 bool flash_route_supports(const AttentionParams& p);
 bool flash_route_supports(const AttentionParams& p, FlashTile tile);

@@ -210,8 +210,8 @@ Routes routes_from_environment() {
   Routes r;
   const std::string gelu = knob_choice("HK_GELU", {"auto", "erf", "epilogue"});
   const std::string attention =
-      knob_choice("HK_ATTENTION", {"auto", "flash", "flash.q64", "flash.q16", "flash.q128", "flash.k2", "flash.k4",
-                                   "cudnn", "materialized"});
+      knob_choice("HK_ATTENTION", {"auto", "flash", "flash.q64", "flash.q16", "flash.k2", "flash.k4", "cudnn",
+                                   "materialized"});
   const std::string graph = knob_choice("HK_GRAPH", {"auto", "0", "1"});
   r.gelu_epilogue = gelu == "epilogue";
   r.prefer_cudnn = attention == "cudnn";
@@ -222,8 +222,8 @@ Routes routes_from_environment() {
   r.tune_remeasure = knob_choice("HK_TUNE_REMEASURE", {"0", "1"}) == "1";
   if (r.tune) r.tune_cache_dir = tune::TuneCache::default_directory();
   if (gelu == "erf") r.pins["gelu"] = "erf";
-  if (attention == "flash" || attention == "flash.q64" || attention == "flash.q16" || attention == "flash.q128" ||
-      attention == "flash.k2" || attention == "flash.k4" || attention == "materialized")
+  if (attention == "flash" || attention == "flash.q64" || attention == "flash.q16" || attention == "flash.k2" ||
+      attention == "flash.k4" || attention == "materialized")
     r.pins["attention"] = attention;
   if (graph == "1") r.pins["graph"] = "1";
   const std::string layout = knob_choice("HK_GEMM_LAYOUT", {"auto", "nk", "kn"});
@@ -963,15 +963,10 @@ void CudaEngine::Impl::build_table(Plan& p) {
   } else if ((pin_attention == "flash.k2" || pin_attention == "flash.k4") &&
              flash_route_supports(p.attn, split_tile(pin_attention))) {
     flash(split_tile(pin_attention), pin_attention);
-  } else if (pin_attention == "flash.q128" && f16_tiles && flash_route_supports(p.attn, FlashTile::q128)) {
-    flash(FlashTile::q128, pin_attention);
   } else {
     flash(FlashTile::automatic, "flash");
     if (pin_attention.empty() && routes.tune) {
       if (f16_tiles) flash(auto_is_q64 ? FlashTile::q16 : FlashTile::q64, auto_is_q64 ? "flash.q16" : "flash.q64");
-      // 8 warps per tile of 128 queries (head_dim <= 32): each K/V tile read once per sequence
-      // and head where S <= 128, half the q64 grid.
-      if (f16_tiles && p.attn.S > 64 && flash_route_supports(p.attn, FlashTile::q128)) flash(FlashTile::q128, "flash.q128");
       for (const char* id : {"flash.k2", "flash.k4"})
         if (split_worth && flash_route_supports(p.attn, split_tile(id))) flash(split_tile(id), id);
       if (p.cudnn) cudnn();
@@ -980,8 +975,6 @@ void CudaEngine::Impl::build_table(Plan& p) {
   }
   if ((pin_attention == "flash.q64" || pin_attention == "flash.q16") && !f16_tiles)
     p.attention_note = "HK_ATTENTION: query tiles exist for the f16 kernel only";
-  if (pin_attention == "flash.q128" && !(f16_tiles && flash_route_supports(p.attn, FlashTile::q128)))
-    p.attention_note = "HK_ATTENTION: flash.q128 needs the f16 kernel and head_dim <= 32";
   if ((pin_attention == "flash.k2" || pin_attention == "flash.k4") && !flash_route_supports(p.attn, split_tile(pin_attention)))
     p.attention_note = "HK_ATTENTION: key splits need the f16 kernel, head_dim 16-64 and thread-block clusters (sm_90+)";
 
@@ -2288,8 +2281,7 @@ std::string CudaEngine::Impl::explain_plan(const Plan& p, int B) const {
                          : "exact erf pass" + (p.gelu_note.empty() ? std::string() : " (" + p.gelu_note + ")"))
     << (chain_tanh ? "; tanh form inside the fused post-attention chain (measured)" : "") << "\n";
   std::string att = "flash";
-  for (const char* id : {"flash.q64", "flash.q16", "flash.q128", "flash.k2", "flash.k4", "cudnn", "materialized",
-                         "qkv_attention"})
+  for (const char* id : {"flash.q64", "flash.q16", "flash.k2", "flash.k4", "cudnn", "materialized", "qkv_attention"})
     if (uses(id)) att = id;
   o << "attention: " << att << (att == "cudnn" && p.cudnn ? " (" + p.cudnn->plan_info(p.attn) + ")" : "")
     << (p.attention_note.empty() ? "" : " (" + p.attention_note + ")")

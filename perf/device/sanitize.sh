@@ -5,7 +5,7 @@
 #   tune0        HK_TUNE=0: every decision at its default
 #   tune1        HK_TUNE=1 with no cache: every candidate of every decision is measured, so each
 #                one runs under the tool (its timings mean nothing there)
-#   flash, flash.q16, flash.q64, flash.q128, flash.k2, flash.k4, cudnn   HK_ATTENTION pinned (HK_TUNE=0)
+#   flash, flash.q16, flash.q64, flash.k2, flash.k4, cudnn   HK_ATTENTION pinned (HK_TUNE=0)
 #   epilogue     HK_GELU=epilogue (HK_TUNE=0)
 #   chains-off   HK_CHAINS=off with HK_TUNE=1: the tuned plan of single-step kernels
 #   post_attn_qkv, post_attn_qkv-pack1   HK_CHAINS=post_attn_qkv (HK_TUNE=0), dense and HK_PACK=1 (D = F = 128 input)
@@ -110,7 +110,6 @@ route_env[tune1]="HK_TUNE=1 HK_TUNE_CACHE=off HK_TUNE_VERBOSE=1";  route_opt[tun
 route_env[flash]="HK_TUNE=0 HK_ATTENTION=flash";                   route_opt[flash]="--precision fast"
 route_env[flash.q16]="HK_TUNE=0 HK_ATTENTION=flash.q16";           route_opt[flash.q16]="--precision fast"
 route_env[flash.q64]="HK_TUNE=0 HK_ATTENTION=flash.q64";           route_opt[flash.q64]="--precision fast"
-route_env[flash.q128]="HK_TUNE=0 HK_ATTENTION=flash.q128";         route_opt[flash.q128]="--precision fast"
 route_env[flash.k2]="HK_TUNE=0 HK_ATTENTION=flash.k2";             route_opt[flash.k2]="--precision fast"
 route_env[flash.k4]="HK_TUNE=0 HK_ATTENTION=flash.k4";             route_opt[flash.k4]="--precision fast"
 route_env[cudnn]="HK_TUNE=0 HK_ATTENTION=cudnn";                   route_opt[cudnn]="--precision fast"
@@ -153,11 +152,9 @@ done
 # The key-split attention routes only on shapes they take (head_dim 32 and 64; S 33 and 129: ranks
 # without key tiles, and tiles shared out over the cluster); elsewhere a pin falls back to flash.
 for tool in memcheck racecheck synccheck initcheck; do
-  add $tool flash.q128 split  # head_dim 32 (and 8 on the tiny shape below)
   add $tool flash.k4 split
   add $tool flash.k2 long
   add $tool flash.k4 long
-  add $tool flash.q128 tiny
 done
 # The QKV chain's persistent loop (pinned: its default configuration; tune1: every candidate).
 add memcheck post_attn_qkv split-big

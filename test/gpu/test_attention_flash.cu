@@ -358,10 +358,7 @@ Outcome run_case(const Case& c, std::mt19937_64& rng, std::string& name) {
 
 const char* tile_name(const Case& c) {
   if (c.splits) return c.splits == 2 ? "k2" : "k4";
-  return c.tile == FlashQueryTile::q64    ? "q64"
-         : c.tile == FlashQueryTile::q16  ? "q16"
-         : c.tile == FlashQueryTile::q128 ? "q128"
-                                          : "auto";
+  return c.tile == FlashQueryTile::q64 ? "q64" : c.tile == FlashQueryTile::q16 ? "q16" : "auto";
 }
 
 std::vector<Case> make_cases(bool split_cases) {
@@ -386,15 +383,12 @@ std::vector<Case> make_cases(bool split_cases) {
     c.q_amp = (k % 3 == 1) ? amp : 1.f;
     return c;
   };
-  // f16: head dims of the instantiations plus 24 (runs on hd32 with masked columns); every tile
-  // (q128: head dims up to 32; S = 130 leaves a second tile of 2 rows).
+  // f16: head dims of the instantiations plus 24 (runs on hd32 with masked columns); both tiles.
   for (int hd : {8, 16, 24, 32, 64, 128, 256})
-    for (int S : {1, 7, 33, 100, 128, 130})
+    for (int S : {1, 7, 33, 130})
       for (int causal = 0; causal < 2; ++causal)
         for (int packed = 0; packed < 2; ++packed, ++k)
-          for (FlashQueryTile tile : {FlashQueryTile::q64, FlashQueryTile::q16, FlashQueryTile::q128}) {
-            if (tile == FlashQueryTile::q128 && hd > 32) continue;
-            if ((S == 100 || S == 128) && tile != FlashQueryTile::q128) continue;
+          for (FlashQueryTile tile : {FlashQueryTile::q64, FlashQueryTile::q16}) {
             Case c = sweep_case(DType::f16, hd, S, causal, packed, 8, 16, 4.f);
             c.tile = tile;
             cases.push_back(c);
@@ -422,7 +416,6 @@ std::vector<Case> make_cases(bool split_cases) {
           c.lens = Lens::random;
           c.packed = k % 2;
           c.tile = k % 4 < 2 ? FlashQueryTile::q64 : FlashQueryTile::q16;
-          if (dt == DType::f16 && hd <= 32 && k % 4 == 1) c.tile = FlashQueryTile::q128;
           c.q_amp = dt == DType::f16 ? 2.f : 1.f;
           c.note = "long";
           cases.push_back(c);
@@ -444,10 +437,6 @@ std::vector<Case> make_cases(bool split_cases) {
       c.tile = FlashQueryTile::automatic;
       c.note = "cases.csv shape";
       cases.push_back(c);
-      if (dt == DType::f16 && s.hd <= 32) {
-        c.tile = FlashQueryTile::q128;
-        cases.push_back(c);
-      }
     }
   // Keys split over a cluster of 2 / 4 CTAs (sm_90+): the head dims of its instantiations plus
   // 24 and 40 (masked columns), sequences shorter than one key tile per split (CTAs without keys),

@@ -20,10 +20,8 @@ const std::vector<Knob>& knobs() {
       {"HK_TUNE_VERBOSE", "0|1", "0", "tuning",
        "1: one line per decision on stderr (candidates, times, winner, where the answer came from). Rejections "
        "by the numeric guard are always reported."},
-      {"HK_ATTENTION", "auto|flash|flash.q64|flash.q16|flash.q128|flash.k2|flash.k4|cudnn|materialized", "auto",
-       "cuda",
+      {"HK_ATTENTION", "auto|flash|flash.q64|flash.q16|flash.k2|flash.k4|cudnn|materialized", "auto", "cuda",
        "Attention route. auto: measured (untuned: the own flash kernel, query tile chosen by occupancy). "
-       "flash.q128: 8 warps per tile of 128 queries (f16, head_dim <= 32). "
        "flash.k2 / flash.k4: keys split over a cluster of 2 / 4 CTAs (f16, head_dim 16-64, sm_90+). "
        "materialized: scores in memory (cuBLASLt batched GEMMs + a softmax kernel), a candidate only while "
        "the fp32 scores take at most 128 MiB. A pinned route the shape does not support falls back to flash "
