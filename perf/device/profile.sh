@@ -68,8 +68,8 @@ for r in csv.DictReader(text[start:]):
         rows[key][r["Metric Name"]] = float(r["Metric Value"].replace(",", ""))
     except ValueError:
         rows[key][r["Metric Name"]] = r["Metric Value"]
-print("| # | kernel | us | DRAM MB | SM % | mem % | grid | regs |")
-print("|---|---|---|---|---|---|---|---|")
+print("| # | kernel | us | DRAM MB | read MB | written MB | SM % | mem % | grid | regs |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 total = 0.0
 for k in order:
     d = rows[k]
@@ -78,8 +78,9 @@ for k in order:
     mb = (d.get("dram__bytes_read.sum", 0.0) + d.get("dram__bytes_write.sum", 0.0)) / 1e6
     name = d["name"]
     name = name if len(name) < 70 else name[:67] + "..."
-    print("| %s | %s | %.2f | %.2f | %.0f | %.0f | %s | %s |" % (
-        k, name, t, mb, d.get("sm__throughput.avg.pct_of_peak_sustained_elapsed", 0.0),
+    print("| %s | %s | %.2f | %.2f | %.2f | %.2f | %.0f | %.0f | %s | %s |" % (
+        k, name, t, mb, d.get("dram__bytes_read.sum", 0.0) / 1e6, d.get("dram__bytes_write.sum", 0.0) / 1e6,
+        d.get("sm__throughput.avg.pct_of_peak_sustained_elapsed", 0.0),
         d.get("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed", 0.0),
         int(d.get("launch__grid_size", 0) or 0), int(d.get("launch__registers_per_thread", 0) or 0)))
 print("\nsum of recorded kernel durations: %.1f us (%d kernels)" % (total, len(order)))
