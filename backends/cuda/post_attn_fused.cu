@@ -370,7 +370,6 @@ __device__ __forceinline__ void store_ln_f16(const float (&acc)[NT][4], const Ro
 
 // ---- the kernel ----------------------------------------------------------------------------------
 // nbuf: warp tiles per warp (2: the next row block's o is loaded during this one; resident only).
-// prefetch_x: the next row block's x is sent toward L2 during this one (always with nbuf 2).
 // kTanh: the ffn's GELU in its tanh form (gelu_tanh_of_f16); instantiated for the exact resident
 // kernels (d64, d128) only.
 // kWg (exact resident kernels, sm_90a): the three products as warpgroup MMAs (wgmma.cuh). The
@@ -382,7 +381,7 @@ __device__ __forceinline__ void store_ln_f16(const float (&acc)[NT][4], const Ro
 // row-per-warp code: the accumulator layout is the same.
 template <int DP, int FP, bool kPad, bool kTanh = false, bool kWg = false>
 __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
-    post_attn_kernel(const PostAttnParams p, int nbuf, int prefetch_x) {
+    post_attn_kernel(const PostAttnParams p, int nbuf) {
   using T = Tile<DP, FP>;
   static_assert(!kWg || (T::kResident && !kPad), "warpgroup kernels: exact resident shapes");
   constexpr int NT = T::kNT;
@@ -592,10 +591,10 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
       load_x(acc, row0, c0, c1);
       cp_async_wait_all();
       __syncwarp();
-      if (nbuf == 2 || prefetch_x) {
+      if (nbuf == 2) {
         const int64_t next = blk + stride;
         if (live(next)) {
-          if (nbuf == 2) load_o(s_tiles + uint32_t(cur ^ 1) * uint32_t(T::kWarpTileBytes), next * kWarpRows);
+          load_o(s_tiles + uint32_t(cur ^ 1) * uint32_t(T::kWarpTileBytes), next * kWarpRows);
           // x of the next block toward L2 (its register load cannot start before this block ends).
           const int64_t left = rows - next * kWarpRows;
           const int64_t nrows = left < kWarpRows ? left : kWarpRows;
@@ -611,7 +610,7 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
             }
           }
         }
-        if (nbuf == 2) cp_async_commit();
+        cp_async_commit();
       }
       // out_proj + residual
       if constexpr (kWg) {
@@ -1237,7 +1236,6 @@ bool fits_device() {
 struct Resolved {
   int warps = 0;
   int nbuf = 1;
-  int pfx = 0;  // resident kernels: the next row block's x toward L2 (with nbuf 2, or prefetch 2)
   size_t smem = 0;
   int occ = 0;       // CTAs per SM
   int64_t grid = 0;
@@ -1254,7 +1252,7 @@ Resolved resolve(const PostAttnConfig& cfg, int64_t rows, const DeviceLimits& li
   Resolved r;
   r.warps = cfg.warps > 0 ? std::min(cfg.warps, kMaxWarps) : kMaxWarps;
   r.warps = std::max(kStep, r.warps / kStep * kStep);
-  r.nbuf = (T::kResident && cfg.prefetch != 0 && cfg.prefetch != 2) ? 2 : 1;
+  r.nbuf = (T::kResident && cfg.prefetch != 0) ? 2 : 1;
   // Too big for this device: drop the o double buffer first (unless asked for), then warps.
   while (smem_bytes<DP, FP>(r.warps, r.nbuf) > size_t(lim.smem_optin)) {
     if (r.nbuf == 2 && cfg.prefetch != 1) {
@@ -1270,7 +1268,6 @@ Resolved resolve(const PostAttnConfig& cfg, int64_t rows, const DeviceLimits& li
   r.exact = (cfg.warps <= 0 || cfg.warps == r.warps) &&
             (cfg.prefetch < 0 || (cfg.prefetch == 1) == (r.nbuf == 2));
   r.smem = smem_bytes<DP, FP>(r.warps, r.nbuf);
-  r.pfx = T::kResident && (r.nbuf == 2 || cfg.prefetch == 2) ? 1 : 0;
   HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.occ, post_attn_kernel<DP, FP, kPad, kTanh, kWg>,
                                                               r.warps * 32, r.smem));
   if (r.occ < 1) throw std::invalid_argument("hk::post_attn[cuda.fused]: kernel does not fit on an SM");
@@ -1304,7 +1301,7 @@ void launch(const PostAttnParams& p, cudaStream_t stream, const PostAttnConfig& 
   }
   const Resolved r = resolve<DP, FP, kPad, kTanh, kWg>(cfg, p.rows, device_limits());
   launch_pdl(post_attn_kernel<DP, FP, kPad, kTanh, kWg>, dim3(unsigned(r.grid)), dim3(unsigned(r.warps * 32)), r.smem,
-             stream, p, r.nbuf, r.pfx);
+             stream, p, r.nbuf);
   HK_CUDA_CHECK_LAUNCH();
 }
 
@@ -1323,7 +1320,7 @@ Resolved resolve_cfg(const PostAttnConfig& cfg, int64_t rows, const DeviceLimits
 template <int DP, int FP, bool kPad>
 PostAttnConfig effective(int64_t rows, const PostAttnConfig& cfg) {
   const Resolved r = resolve_cfg<DP, FP, kPad>(cfg, rows, device_limits());
-  PostAttnConfig e{r.warps, r.nbuf == 2 ? 1 : (r.pfx ? 2 : 0)};
+  PostAttnConfig e{r.warps, r.nbuf == 2 ? 1 : 0};
   e.gelu_tanh = has_tanh<DP, FP, kPad>() && cfg.gelu_tanh != 0 ? 1 : 0;
   e.wgmma = has_wg<DP, FP, kPad>() && cfg.wgmma != 0 && wgmma_available() ? 1 : 0;
   return e;
@@ -1340,7 +1337,7 @@ std::vector<PostAttnConfig> candidates(int64_t rows, bool tanh_gelu) {
     if (c.warps < 1) return;
     const Resolved r = resolve<DP, FP, kPad>(c, rows, lim);
     if (!r.exact) return;
-    const PostAttnConfig run{r.warps, r.nbuf == 2 ? 1 : (r.pfx ? 2 : 0)};
+    const PostAttnConfig run{r.warps, r.nbuf == 2 ? 1 : 0};
     if (std::find(runs.begin(), runs.end(), run) != runs.end()) return;
     runs.push_back(run);
     out.push_back(c);
@@ -1392,15 +1389,6 @@ std::vector<PostAttnConfig> candidates(int64_t rows, bool tanh_gelu) {
       if (std::find(runs.begin(), runs.end(), run) != runs.end()) continue;
       runs.push_back(run);
       out.push_back(c);
-      if (c.prefetch == 0 && int64_t(r.grid) * (r.warps / 4) * 64 < rows) {
-        // With several row blocks per warpgroup: also the next block's x toward L2 without the
-        // o double buffer (which measured slower than none at case 6).
-        c.prefetch = 2;
-        if (resolve_cfg<DP, FP, kPad>(c, rows, lim).exact) {
-          runs.push_back(effective<DP, FP, kPad>(rows, c));
-          out.push_back(c);
-        }
-      }
     }
   }
   return out;

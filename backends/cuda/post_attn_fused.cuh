@@ -68,8 +68,7 @@ struct PostAttnParams {
 // Tuning overrides (tests and tuners): 0 / -1 keep the automatic choice.
 //   warps:     warps per CTA (each owns 16 rows at a time); clamped to what the kernel allows
 //   prefetch:  1 = double-buffer the o tile (the next row block's o loads during this block's
-//              FFN, its x is sent toward L2; resident-weight kernels only), 0 = single buffer,
-//              2 = single buffer with the next row block's x sent toward L2 (resident kernels)
+//              FFN; resident-weight kernels only), 0 = single buffer
 //   split:     > 0 selects the column-split kernel (exact D = F = 64 or 128 only): `split` warps
 //              (4 or 8; 1..7 run as 4, more as 8: post_attn_fused_effective says which) share
 //              one 16-row block, each computing D / split residual columns and
@@ -122,7 +121,7 @@ void post_attn_fused(const PostAttnParams& p, cudaStream_t stream);
 void post_attn_fused(const PostAttnParams& p, cudaStream_t stream, const PostAttnConfig& config);
 
 // The configuration a launch of (D, F, rows) with `config` would run on the current device, after
-// clamping to the kernel's limits and its shared memory: warps > 0 and prefetch 0 / 1 / 2 (always 0
+// clamping to the kernel's limits and its shared memory: warps > 0 and prefetch 0 / 1 (always 0
 // for the streamed and column-split kernels), split and reg_weights as run when (D, F) has the
 // column-split kernel (else 0), gelu_tanh and wgmma as run. {0, -1, 0, 0, 0, 0} if (D, F) is
 // unsupported.
@@ -146,8 +145,7 @@ PostAttnConfig post_attn_fused_effective(int D, int F, int64_t rows, const PostA
 //     row-per-warp entry above again as it runs (explicit warps and prefetch) with gelu_tanh = 1;
 //   exact resident kernels where the warpgroup kernels run (sm_90a build, compute capability 9.0):
 //     each row-per-warp entry above (erf and tanh) again with wgmma = 1, its warps rounded down to
-//     a multiple of 4, unless that runs as an earlier entry; where such an entry has no prefetch
-//     and its warpgroups take several 64-row blocks each, also its twin with prefetch 2;
+//     a multiple of 4, unless that runs as an earlier entry;
 //   then the column-split entries.
 std::vector<PostAttnConfig> post_attn_fused_candidates(int D, int F, int64_t rows, bool tanh_gelu = false);
 
