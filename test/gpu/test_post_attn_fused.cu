@@ -33,6 +33,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -1101,6 +1102,22 @@ int main() {
     c.note = "config";
     cases.push_back(c);
   }
+  // Each row count as a layer (aliased where odd) and as a tail (S = 16; lengths edge-mixed where
+  // odd, random otherwise; NaN in the padded rows at 1000).
+  const auto add_layer_and_tail = [&cases](int D, int F, const PostAttnConfig& cfg,
+                                           std::initializer_list<int64_t> row_counts, const char* note) {
+    for (const int64_t rows : row_counts) {
+      for (const bool tail : {false, true}) {
+        Case c = sweep_case(D, F, rows, cfg, note);
+        c.tail = tail;
+        c.S = rows == 1 ? 1 : 16;
+        c.lens = tail ? (rows % 2 == 1 ? Lens::edge : Lens::random) : Lens::none;
+        c.nan_pad = tail && rows == 1000;
+        c.alias = !tail && rows % 2 == 1;
+        cases.push_back(c);
+      }
+    }
+  };
   // Warpgroup kernels (wgmma = 1; sm_90a builds on compute capability 9.0, else the row-per-warp
   // kernel runs): groups of 4 warps over 64 rows, with row counts that leave a group's last
   // blocks (or all but one of its rows) past the end, the o double buffer, 4 / 8 / 12 / 16 warps,
@@ -1109,18 +1126,7 @@ int main() {
     for (const PostAttnConfig cfg : {PostAttnConfig{0, -1, 0, 0, 0, 1}, PostAttnConfig{0, -1, 0, 0, 1, 1},
                                      PostAttnConfig{4, 0, 0, 0, 0, 1}, PostAttnConfig{8, 1, 0, 0, 1, 1},
                                      PostAttnConfig{12, 0, 0, 0, 1, 1}, PostAttnConfig{16, 1, 0, 0, 0, 1}}) {
-      for (const int64_t rows : {int64_t(1), int64_t(15), int64_t(17), int64_t(64), int64_t(65), int64_t(1000),
-                                 int64_t(100001)}) {
-        for (const bool tail : {false, true}) {
-          Case c = sweep_case(sh.first, sh.second, rows, cfg, "wgmma");
-          c.tail = tail;
-          c.S = rows == 1 ? 1 : 16;
-          c.lens = tail ? (rows % 2 == 1 ? Lens::edge : Lens::random) : Lens::none;
-          c.nan_pad = tail && rows == 1000;
-          c.alias = !tail && rows % 2 == 1;
-          cases.push_back(c);
-        }
-      }
+      add_layer_and_tail(sh.first, sh.second, cfg, {1, 15, 17, 64, 65, 1000, 100001}, "wgmma");
     }
   }
   for (const PostAttnConfig cfg : {PostAttnConfig{2, -1}, PostAttnConfig{5, -1}}) {
@@ -1139,17 +1145,7 @@ int main() {
   for (const auto& sh : {std::pair<int, int>{128, 128}, {64, 64}}) {
     for (const PostAttnConfig cfg : {PostAttnConfig{8, 0, 8}, PostAttnConfig{16, 0, 8}, PostAttnConfig{4, 0, 4},
                                      PostAttnConfig{16, 0, 4}, PostAttnConfig{8, 0, 8, 1}}) {
-      for (const int64_t rows : {int64_t(1), int64_t(15), int64_t(17), int64_t(128), int64_t(1000), int64_t(100001)}) {
-        for (const bool tail : {false, true}) {
-          Case c = sweep_case(sh.first, sh.second, rows, cfg, "split");
-          c.tail = tail;
-          c.S = rows == 1 ? 1 : 16;
-          c.lens = tail ? (rows % 2 == 1 ? Lens::edge : Lens::random) : Lens::none;
-          c.nan_pad = tail && rows == 1000;
-          c.alias = !tail && rows % 2 == 1;
-          cases.push_back(c);
-        }
-      }
+      add_layer_and_tail(sh.first, sh.second, cfg, {1, 15, 17, 128, 1000, 100001}, "split");
     }
   }
   // Gathered residual (x_rows): the row-per-warp kernels (d64, d128 with and without the o double
