@@ -20,6 +20,7 @@
 #   mma.sync (HMMA) pipe: sm_90 wgmma kernels (cuBLASLt's nvjet ones) may show little there.
 set -u
 bin=$1 cases=$2 work=$3 out=$4
+here=$(cd "$(dirname "$0")" && pwd)  # ncu_tables.py lives beside this script
 shift 4
 list=("$@")
 [ ${#list[@]} -eq 0 ] && list=(2 6)
@@ -51,57 +52,7 @@ for c in "${list[@]}"; do
     echo "ncu exit $rc (case $c): $(tail -3 "$work/ncu-$c.err" | tr '\n' ' ')" >> "$out"
     rc_all=1
   fi
-  python3 - "$work/ncu-$c.csv" >> "$out" <<'PY'
-import csv, sys
-rows = {}
-order = []
-text = open(sys.argv[1]).read().splitlines()
-start = next((i for i, l in enumerate(text) if l.startswith('"ID"')), None)
-if start is None:
-    print("no ncu rows"); sys.exit(0)
-for r in csv.DictReader(text[start:]):
-    key = r["ID"]
-    if key not in rows:
-        rows[key] = {"name": r.get("Kernel Name", "?")}
-        order.append(key)
-    try:
-        rows[key][r["Metric Name"]] = float(r["Metric Value"].replace(",", ""))
-    except ValueError:
-        rows[key][r["Metric Name"]] = r["Metric Value"]
-print("| # | kernel | us | DRAM MB | read MB | written MB | SM % | mem % | grid | regs |")
-print("|---|---|---|---|---|---|---|---|---|---|")
-total = 0.0
-for k in order:
-    d = rows[k]
-    t = d.get("gpu__time_duration.sum", 0.0) / 1e3
-    total += t
-    mb = (d.get("dram__bytes_read.sum", 0.0) + d.get("dram__bytes_write.sum", 0.0)) / 1e6
-    name = d["name"]
-    name = name if len(name) < 70 else name[:67] + "..."
-    print("| %s | %s | %.2f | %.2f | %.2f | %.2f | %.0f | %.0f | %s | %s |" % (
-        k, name, t, mb, d.get("dram__bytes_read.sum", 0.0) / 1e6, d.get("dram__bytes_write.sum", 0.0) / 1e6,
-        d.get("sm__throughput.avg.pct_of_peak_sustained_elapsed", 0.0),
-        d.get("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed", 0.0),
-        int(d.get("launch__grid_size", 0) or 0), int(d.get("launch__registers_per_thread", 0) or 0)))
-print("\nsum of recorded kernel durations: %.1f us (%d kernels)" % (total, len(order)))
-stall = "smsp__average_warps_issue_stalled_"
-if any(m.startswith(stall) for d in rows.values() for m in d):
-    print("\n| # | kernel | issue % | warps active % | HMMA pipe % | largest stalls (warp cycles per issued instruction) |")
-    print("|---|---|---|---|---|---|")
-    for k in order:
-        d = rows[k]
-        st = sorted(((v, m[len(stall):].replace("_per_issue_active.ratio", "")) for m, v in d.items()
-                     if m.startswith(stall) and isinstance(v, float)), reverse=True)[:4]
-        name = d["name"] if len(d["name"]) < 50 else d["name"][:47] + "..."
-        def pct(m):  # a metric ncu reports as text (n/a) prints as it is
-            v = d.get(m, "-")
-            return "%.0f" % v if isinstance(v, float) else str(v)
-        print("| %s | %s | %s | %s | %s | %s |" % (
-            k, name, pct("smsp__issue_active.avg.pct_of_peak_sustained_active"),
-            pct("sm__warps_active.avg.pct_of_peak_sustained_active"),
-            pct("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"),
-            ", ".join("%s %.1f" % (n, v) for v, n in st)))
-PY
+  python3 "$here/ncu_tables.py" kernels "$work/ncu-$c.csv" >> "$out"
   # HK_PROFILE_MEMORY=1: a second ncu pass over the same kernels with the memory units' use: L1 /
   # shared memory, L2 and DRAM throughput (% of peak), the shared-memory wavefronts per SM cycle
   # (the LSU data pipe serves one per cycle) and the bank conflicts among them. Its own pass: a
@@ -113,35 +64,7 @@ PY
       "$bin/hk_bench_cuda" --cases "$cases" --only "$c" --tune on --tune-cache "$cache" --reps 1 \
       > "$work/ncu-mem-$c.csv" 2> "$work/ncu-mem-$c.err" ||
       echo "ncu memory pass exit $? (case $c): $(tail -3 "$work/ncu-mem-$c.err" | tr '\n' ' ')" >> "$out"
-    python3 - "$work/ncu-mem-$c.csv" >> "$out" <<'PY'
-import csv, sys
-text = open(sys.argv[1]).read().splitlines()
-start = next((i for i, l in enumerate(text) if l.startswith('"ID"')), None)
-if start is None:
-    print("\nno ncu memory rows"); sys.exit(0)
-rows, order = {}, []
-for r in csv.DictReader(text[start:]):
-    k = r["ID"]
-    if k not in rows:
-        rows[k] = {"name": r.get("Kernel Name", "?")}
-        order.append(k)
-    try:
-        rows[k][r["Metric Name"]] = float(r["Metric Value"].replace(",", ""))
-    except ValueError:
-        rows[k][r["Metric Name"]] = r["Metric Value"]
-print("\n| # | kernel | L1/shared % | L2 % | DRAM % | shared wavefronts per SM cycle | bank-conflict wavefronts % |")
-print("|---|---|---|---|---|---|---|")
-for k in order:
-    d = rows[k]
-    f = lambda m: d.get(m) if isinstance(d.get(m), float) else None
-    name = d["name"] if len(d["name"]) < 50 else d["name"][:47] + "..."
-    wf, bc, cyc = f("l1tex__data_pipe_lsu_wavefronts_mem_shared.sum"), f("l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"), f("sm__cycles_elapsed.sum")
-    pct = lambda m: "%.0f" % f(m) if f(m) is not None else "-"
-    print("| %s | %s | %s | %s | %s | %s | %s |" % (k, name, pct("l1tex__throughput.avg.pct_of_peak_sustained_active"),
-        pct("lts__throughput.avg.pct_of_peak_sustained_elapsed"), pct("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
-        "%.2f" % (wf / cyc) if wf is not None and cyc else "-",
-        "%.0f" % (100.0 * bc / wf) if bc is not None and wf else "-"))
-PY
+    python3 "$here/ncu_tables.py" memory "$work/ncu-mem-$c.csv" >> "$out"
   fi
   # HK_PROFILE_SOURCE=<kernel-name regex>: the first launch of each kernel the regex names, with
   # ncu's source counters (per SASS instruction: executions and warp-stall samples), exported as

@@ -100,7 +100,7 @@ done | sort -u | grep -Ev "$system_libs" |
   while IFS= read -r lib; do cp -L "$lib" "$stage/pkg/lib/"; done
 cp apps/hk_reference.py perf/peers.py perf/device/summarize.py "$stage/pkg/share/" 2>/dev/null || true
 [ -f perf/device/sanitize.sh ] && cp perf/device/sanitize.sh "$stage/pkg/share/"
-[ -f perf/device/profile.sh ] && cp perf/device/profile.sh "$stage/pkg/share/"
+[ -f perf/device/profile.sh ] && cp perf/device/profile.sh perf/device/ncu_tables.py "$stage/pkg/share/"
 mkdir -p "$stage/pkg/share/regress/baselines" && cp perf/regress/*.py "$stage/pkg/share/regress/" &&
   cp perf/regress/baselines/*.json "$stage/pkg/share/regress/baselines/" 2>/dev/null || true
 cp ../shared/spec/cases.csv "$stage/pkg/share/cases.csv"
