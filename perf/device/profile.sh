@@ -18,6 +18,9 @@
 #   (source-<case>.csv next to the output, an opcode summary in it); HK_PROFILE_MEMORY=1: a table of
 #   the memory units' use (L1 / shared, L2, DRAM; shared-memory wavefronts). The tensor column is the
 #   mma.sync (HMMA) pipe: sm_90 wgmma kernels (cuBLASLt's nvjet ones) may show little there.
+#   HK_PROFILE_SKIP=N: leave out the first N kernel launches (ncu --launch-skip), e.g. the kernels of
+#   the first forward, which still writes the packed copy of x that the plan then drops (the pack
+#   gather's row then shows the replayed forward's bytes).
 set -u
 bin=$1 cases=$2 work=$3 out=$4
 here=$(cd "$(dirname "$0")" && pwd)  # ncu_tables.py lives beside this script
@@ -43,7 +46,7 @@ for c in "${list[@]}"; do
   grep -E "forward/case" "$work/plain-$c.log" | head -2 >> "$out"
   # The first forward of the second engine the bench makes reads the cache; the first engine's
   # first forward reads it too (the cache was filled above): no candidate is measured.
-  timeout 300 "$ncu" --clock-control none --target-processes all --launch-count "${HK_PROFILE_KERNELS:-60}" \
+  timeout 300 "$ncu" --clock-control none --target-processes all --launch-skip "${HK_PROFILE_SKIP:-0}" --launch-count "${HK_PROFILE_KERNELS:-60}" \
     --metrics "$metrics" --csv --print-units base \
     "$bin/hk_bench_cuda" --cases "$cases" --only "$c" --tune on --tune-cache "$cache" --reps 1 \
     > "$work/ncu-$c.csv" 2> "$work/ncu-$c.err"
@@ -59,7 +62,7 @@ for c in "${list[@]}"; do
   # metric this ncu lacks fails that pass only.
   if [ "${HK_PROFILE_MEMORY:-0}" = 1 ]; then
     mem=l1tex__throughput.avg.pct_of_peak_sustained_active,lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,sm__cycles_elapsed.sum
-    timeout 300 "$ncu" --clock-control none --target-processes all --launch-count "${HK_PROFILE_KERNELS:-60}" \
+    timeout 300 "$ncu" --clock-control none --target-processes all --launch-skip "${HK_PROFILE_SKIP:-0}" --launch-count "${HK_PROFILE_KERNELS:-60}" \
       --metrics "$mem" --csv --print-units base \
       "$bin/hk_bench_cuda" --cases "$cases" --only "$c" --tune on --tune-cache "$cache" --reps 1 \
       > "$work/ncu-mem-$c.csv" 2> "$work/ncu-mem-$c.err" ||
