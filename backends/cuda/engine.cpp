@@ -310,7 +310,7 @@ struct Plan {
   bool graph_decided = false;
   std::vector<tune::Decision> decisions;
   TuneReport report;
-  int whole_model = -1;              // table index of the whole-model kernel, -1: none
+  std::vector<int> whole_models;     // table indices of the whole-model kernels (tiles, columns)
   std::string whole_model_note;      // why it is not a candidate (explain)
 #if HK_CUDA_HAVE_QKV_ATTENTION_FUSED
   QkvAttentionParams qkv_attention{};
@@ -542,7 +542,8 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
 #if HK_CUDA_HAVE_MODEL_PERSISTENT
     if (precision == Precision::fast && pin_chains != "off" &&
         ((routes.tune && pin_chains != "post_attn_qkv") || pin_chains == "persistent") &&
-        model_persistent_supports(cfg, S))
+        (model_persistent_supports(cfg, S, PersistentKernel::tiles) ||
+         model_persistent_supports(cfg, S, PersistentKernel::columns)))
       persistent = std::make_unique<PersistentModel>(cfg, *weights);
 #endif
     ctor_weights_ms = ms_since(t);
@@ -1066,14 +1067,20 @@ void CudaEngine::Impl::build_table(Plan& p) {
 #if HK_CUDA_HAVE_MODEL_PERSISTENT
   if (persistent && precision == Precision::fast && pin_chains != "off" &&
       ((routes.tune && pin_chains != "post_attn_qkv") || pin_chains == "persistent")) {
-    Kernel<Ctx> k;
-    k.name = model_persistent_name(cfg);
-    k.covers = [](const std::vector<Step>&, size_t, const Shape&) { return 0; };
-    k.run = [E, P](Ctx& c, const Step*, int) {
-      model_persistent_forward(*E->persistent, E->S, c.x, c.lengths, P->B, c.y, c.stream);
-    };
-    p.whole_model = int(t.size());
-    add(std::move(k), "persistent", {"backends/cuda/model_persistent"});
+    // Two kernels (model_persistent.cuh): a warp per row tile (tiles), or a CTA of 16 warps per
+    // sequence splitting every product by columns (columns: short batches).
+    for (PersistentKernel kind : {PersistentKernel::tiles, PersistentKernel::columns}) {
+      if (!model_persistent_supports(cfg, S, kind)) continue;
+      Kernel<Ctx> k;
+      k.name = model_persistent_name(cfg, kind);
+      k.covers = [](const std::vector<Step>&, size_t, const Shape&) { return 0; };
+      k.run = [E, P, kind](Ctx& c, const Step*, int) {
+        model_persistent_forward(*E->persistent, E->S, c.x, c.lengths, P->B, c.y, c.stream, kind);
+      };
+      p.whole_models.push_back(int(t.size()));
+      add(std::move(k), kind == PersistentKernel::tiles ? "persistent" : "persistent.cols",
+          {"backends/cuda/model_persistent"});
+    }
   } else if (!persistent) {
     p.whole_model_note = "whole-model kernel: this model / S is outside its limits (or not built)";
   }
@@ -1795,11 +1802,12 @@ void CudaEngine::Impl::decide_qkv_chain(Plan& p, const Ctx& c) {
 }
 
 void CudaEngine::Impl::decide_whole_model(Plan& p, const Ctx& c) {
-  if (p.whole_model < 0) return;
-  const Kernel<Ctx>* whole = &p.table[size_t(p.whole_model)];
-  const std::vector<PlannedKernel<Ctx>> whole_plan = {{whole, 0, int(steps.size())}};
-  if (pin_chains == "persistent") {
-    p.kernels = whole_plan;
+  if (p.whole_models.empty()) return;
+  auto whole_plan = [&](size_t i) {
+    return std::vector<PlannedKernel<Ctx>>{{&p.table[size_t(p.whole_models[i])], 0, int(steps.size())}};
+  };
+  if (pin_chains == "persistent") {  // the first kernel the model fits (tiles, then columns)
+    p.kernels = whole_plan(0);
     return;
   }
   const std::vector<PlannedKernel<Ctx>> layers = p.kernels;
@@ -1809,18 +1817,18 @@ void CudaEngine::Impl::decide_whole_model(Plan& p, const Ctx& c) {
     sources.insert(sources.end(), m.sources.begin(), m.sources.end());
   }
   sources.push_back("backends/cuda/model_persistent");
-  const std::vector<tune::Candidate> cands = {{"layers", "the per-layer plan (" + std::to_string(layers.size()) + " kernels)"},
-                                              {"persistent", whole->name}};
+  std::vector<tune::Candidate> cands = {{"layers", "the per-layer plan (" + std::to_string(layers.size()) + " kernels)"}};
+  for (int i : p.whole_models) cands.push_back({p.meta[size_t(i)].id, p.table[size_t(i)].name});
   auto run_with = [&](int i, Ctx& cc) {
     if (i == 0) {
       run_plan(layers, steps, cc);
     } else {
-      whole->run(cc, steps.data(), int(steps.size()));
+      p.table[size_t(p.whole_models[size_t(i - 1)])].run(cc, steps.data(), int(steps.size()));
     }
   };
   const tune::Decision d = decide_by_forward(p, c, key(p, "model.whole", sources), cands, run_with);
   p.decisions.push_back(d);
-  if (d.chosen == 1) p.kernels = whole_plan;
+  if (d.chosen >= 1) p.kernels = whole_plan(size_t(d.chosen - 1));
 }
 
 // A decision between whole forwards: run_with(i, ctx) runs candidate i's forward on ctx's

@@ -39,6 +39,7 @@
 
 #include "common.cuh"
 #include "ptx.cuh"
+#include "tile_attention.cuh"
 
 namespace hk::cuda {
 namespace {
@@ -54,13 +55,8 @@ constexpr int kFC = 64;                 // ffn_in columns per chunk: 32 accumula
 constexpr int kStepsPerLayer = 6;
 constexpr int kVecSlot = 512;           // bytes: 128 fp32 (or 128 fp16) per stage vector
 constexpr int kVecBytes = 3 * kVecSlot;
-// Key tiles per softmax block: 64 keys keep the score block at 32 registers; S > 64 takes a
-// second block with one running-max rescale. head_dim 128: 32 keys (O alone is 64 registers;
-// 64 keys spilled next to the residual).
-template <int HD>
-__host__ __device__ constexpr int key_block() {
-  return HD >= 128 ? 2 : 4;
-}
+// Attention: tile_attention.cuh (64 keys per softmax block, 32 at head_dim 128: 64 spilled next
+// to the residual; q reloaded per key tile at head_dim 128: holding it spilled on sm_80).
 constexpr float kLog2e = 1.4426950408889634f;
 
 // One CTA per SM: 8 warps x 255 registers. D = 128 needs them (residual 64 + projection
@@ -276,11 +272,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) model_persistent_kernel(
   constexpr int NT = D / 8;              // n8 tiles across a D-wide row
   constexpr int LDD = D + 8;             // halves per row of sH, sK, sV and of [*, D] panels
   constexpr int H = D / HD;
-  constexpr int ND = HD == 8 ? 1 : HD / 8;  // o n-tiles per head
-  constexpr int QF = HD == 8 ? 1 : HD / 16; // q A fragments per head
   static_assert(D % 16 == 0 && D <= 128, "the residual row block lives in registers");
   static_assert(HD == 8 || (HD % 16 == 0 && HD <= D), "head_dim 8 or a multiple of 16");
-  constexpr int kKeyBlock = key_block<HD>();
   constexpr bool kHoldQ = HD < 128;
 
   extern __shared__ __align__(128) unsigned char smem[];
@@ -314,13 +307,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) model_persistent_kernel(
 
   const int i_seq = warp / a.st, lt = warp - i_seq * a.st;  // sequence slot and tile of this warp
   const bool in_pass = warp < a.pack * a.st;
-  // Keys and values of this warp's sequence slot.
+  // Attention of this warp's tile against the keys and values of its sequence slot.
   const int kv0 = i_seq * a.st * 16;
-  const uint32_t k_lane = sK + uint32_t((kv0 + (lane & 7) + ((lane >> 4) << 3)) * LDD + ((lane >> 3) & 1) * 8) * 2u;
-  const uint32_t v_lane = sV + uint32_t((kv0 + (lane & 7) + (((lane >> 3) & 1) << 3)) * LDD + (lane >> 4) * 8) * 2u;
-  const uint32_t k8_lane = sK + uint32_t((kv0 + (lane & 15)) * LDD) * 2u;  // head_dim 8: 16 keys x 8
-  const uint32_t v8_lane = sV + uint32_t((kv0 + (lane & 15)) * LDD) * 2u;
-  const uint32_t q8_lane = sQ + uint32_t(row_a * LDQ) * 2u;
+  const TileAttention att = tile_attention<HD>(sQ + uint32_t(kv0 * LDQ) * 2u, LDQ, sK + uint32_t(kv0 * LDD) * 2u,
+                                               sV + uint32_t(kv0 * LDD) * 2u, LDD, lt, lane);
 
   for (int i = tid; i < D; i += kThreads) {
     ln0[i] = a.layers[0].ln1_w[i];
@@ -403,128 +393,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) model_persistent_kernel(
       {
         const uint32_t buf = step();  // also: every tile's k, v of this layer are visible
         if (active) {
-          const int nkt = (len + 15) >> 4;
-          const int nk = a.causal ? min(lt + 1, nkt) : nkt;  // key tiles this tile sees
-          // Key j = kt*16 + n*8 + 2t + (e&1) of row r is allowed iff kt*16 + n*8 + (e&1) < lim[r].
-          const int lim[2] = {(a.causal ? min(len, r0 + 1) : len) - 2 * t, (a.causal ? min(len, r1 + 1) : len) - 2 * t};
           const float sl2 = a.scale_log2;
 #pragma unroll 1
-          for (int hh = 0; hh < H; ++hh) {
-            // q of this head as A fragments, held for the whole key loop (head_dim 128: reloaded
-            // per key tile instead; holding its 32 registers spilled on sm_80).
-            uint32_t qf[kHoldQ ? QF : 1][4];
-            if constexpr (HD == 8) {
-              ldsm_x2(qf[0][0], qf[0][1], q8_lane + uint32_t(hh) * 16u);
-            } else if constexpr (kHoldQ) {
-#pragma unroll
-              for (int ks = 0; ks < QF; ++ks) ldsm_x4(qf[ks], aQ + uint32_t(hh * HD + ks * 16) * 2u);
-            }
-            float o[ND][4];
-            zero(o);
-            float m[2] = {-INFINITY, -INFINITY};  // running row max (raw score units)
-            float lacc[4] = {0.f, 0.f, 0.f, 0.f};  // row sums by mma (ptx.cuh kHalf2Ones): [0] row g, [2] row g + 8
-#pragma unroll 1
-            for (int kb = 0; kb * kKeyBlock < nk; ++kb) {
-              float s[2 * kKeyBlock][4];
-#pragma unroll
-              for (int kk = 0; kk < kKeyBlock; ++kk) {
-                const int kt = kb * kKeyBlock + kk;
-                if (kt < nk) {
-#pragma unroll
-                  for (int e = 0; e < 4; ++e) s[2 * kk][e] = s[2 * kk + 1][e] = 0.f;
-                  if constexpr (HD == 8) {
-                    uint32_t b0, b1;
-                    ldsm_x2(b0, b1, k8_lane + uint32_t(kt * 16 * LDD) * 2u + uint32_t(hh) * 16u);
-                    mma_1688(s[2 * kk], qf[0][0], qf[0][1], b0);
-                    mma_1688(s[2 * kk + 1], qf[0][0], qf[0][1], b1);
-                  } else {
-#pragma unroll
-                    for (int ks = 0; ks < QF; ++ks) {
-                      if constexpr (!kHoldQ) ldsm_x4(qf[0], aQ + uint32_t(hh * HD + ks * 16) * 2u);
-                      const uint32_t(&qa)[4] = qf[kHoldQ ? ks : 0];
-                      uint32_t b0, b1, b2, b3;
-                      ldsm_x4(b0, b1, b2, b3, k_lane + uint32_t(kt * 16 * LDD + hh * HD + ks * 16) * 2u);
-                      mma_16816(s[2 * kk], qa, b0, b1);
-                      mma_16816(s[2 * kk + 1], qa, b2, b3);
-                    }
-                  }
-                  // Masks only where the tile crosses the length or the diagonal (warp-uniform).
-                  if (kt * 16 + 16 > len || (a.causal && kt == lt)) {
-#pragma unroll
-                    for (int n = 0; n < 2; ++n)
-#pragma unroll
-                      for (int e = 0; e < 4; ++e)
-                        if (kt * 16 + n * 8 + (e & 1) >= lim[e >> 1]) s[2 * kk + n][e] = -INFINITY;
-                  }
-                }
-              }
-              float mx[2] = {m[0], m[1]};
-#pragma unroll
-              for (int kk = 0; kk < kKeyBlock; ++kk) {
-                if (kb * kKeyBlock + kk < nk) {
-#pragma unroll
-                  for (int n = 0; n < 2; ++n) {
-                    mx[0] = fmaxf(mx[0], fmaxf(s[2 * kk + n][0], s[2 * kk + n][1]));
-                    mx[1] = fmaxf(mx[1], fmaxf(s[2 * kk + n][2], s[2 * kk + n][3]));
-                  }
-                }
-              }
-              float mb[2];  // max in exp2 units; 0 while a row has seen only masked keys
-#pragma unroll
-              for (int r = 0; r < 2; ++r) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                mb[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
-                const float alpha = ex2(m[r] * sl2 - mb[r]);
-                m[r] = mx[r];
-                lacc[2 * r] *= alpha;
-#pragma unroll
-                for (int dt = 0; dt < ND; ++dt) {
-                  o[dt][2 * r] *= alpha;
-                  o[dt][2 * r + 1] *= alpha;
-                }
-              }
-#pragma unroll
-              for (int kk = 0; kk < kKeyBlock; ++kk) {
-                const int kt = kb * kKeyBlock + kk;
-                if (kt < nk) {
-#pragma unroll
-                  for (int n = 0; n < 2; ++n)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) s[2 * kk + n][e] = ex2(fmaf(s[2 * kk + n][e], sl2, -mb[e >> 1]));
-                  // O += P V: the score accumulators of the tile's two key n-tiles form one A fragment.
-                  const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
-                                          pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                          pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-                  mma_16816(lacc, pa, kHalf2Ones, kHalf2Ones);
-                  if constexpr (HD == 8) {
-                    uint32_t b0, b1;
-                    ldsm_x2_t(b0, b1, v8_lane + uint32_t(kt * 16 * LDD) * 2u + uint32_t(hh) * 16u);
-                    mma_16816(o[0], pa, b0, b1);
-                  } else {
-#pragma unroll
-                    for (int dp = 0; dp < HD / 16; ++dp) {
-                      uint32_t b0, b1, b2, b3;
-                      ldsm_x4_t(b0, b1, b2, b3, v_lane + uint32_t(kt * 16 * LDD + hh * HD + dp * 16) * 2u);
-                      mma_16816(o[2 * dp], pa, b0, b1);
-                      mma_16816(o[2 * dp + 1], pa, b2, b3);
-                    }
-                  }
-                }
-              }
-            }
-            // o = fp16(O / l) over this head's q columns (every lane has read its q fragments).
-            float inv[2];
-#pragma unroll
-            for (int r = 0; r < 2; ++r) inv[r] = lacc[2 * r] > 0.f ? 1.f / lacc[2 * r] : 0.f;
-            __syncwarp();
-#pragma unroll
-            for (int dt = 0; dt < ND; ++dt) {
-              const uint32_t at = cQ + uint32_t(hh * HD + dt * 8) * 2u;
-              st_shared_u32(at, pack_half2(o[dt][0] * inv[0], o[dt][1] * inv[0]));
-              st_shared_u32(at + row8Q, pack_half2(o[dt][2] * inv[1], o[dt][3] * inv[1]));
-            }
-          }
+          for (int hh = 0; hh < H; ++hh) tile_attention_head<HD, kHoldQ>(att, hh, lt, len, a.causal, sl2, lane);
           __syncwarp();  // o of every lane before the out_proj ldmatrix
           warp_gemm<NT>(acc, aQ, buf + kVecBytes + bD, uint32_t(16 * LDD * 2), D / 16, NT / 2);
           const float* bo = reinterpret_cast<const float*>(vec(buf, 0));
@@ -617,26 +488,351 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) model_persistent_kernel(
   cp_async_wait_all();
 }
 
+// ---- the column-split kernel ----------------------------------------------------------------------
+// One sequence per CTA of 16 warps. Every product is split over the warps by output columns (n8
+// tiles: warp w takes tiles w, w + 16, ...) and runs over all the sequence's valid row tiles, so a
+// short sequence (case 2: 1 x 128 with a few dozen valid rows) still has every warp at work; the
+// B fragments of a warp's columns come from global memory (the weights stay in L2) straight into
+// registers, issued before the barrier that precedes their product. Attention: (head, query tile)
+// tasks over the warps, longest (causal) first, dealt out in a snake. LayerNorms: row per warp
+// on the fp32 residual, which lives in shared memory (x += c + bias in the product epilogues, the
+// unfused route's order: product, then bias and residual).
+// Shared memory (rows = 16 * ceil(S / 16)):
+//   sX   [rows][D + 4]  fp32 residual
+//   sH   [rows][D + 8]  h (LN output, fp16): the A operand of q/k/v and ffn_in
+//   sQKV [rows][3D + 8] q | k | v (fp16); o over q (per task: its own rows and head); f over k | v
+// Per layer (barriers |): LN1 | qkv | attention | out_proj | LN2 | ffn_in | ffn_out | (next LN1).
+constexpr int kWideWarps = 16;
+constexpr int kWideThreads = 32 * kWideWarps;
+
+struct WideLayout {
+  uint32_t x, h, qkv, total;
+  int ldx, ldh, ldqkv;  // elements per row
+};
+__host__ __device__ inline WideLayout wide_layout(int D, int rows) {
+  WideLayout l;
+  l.ldx = D + 4;
+  l.ldh = D + 8;
+  l.ldqkv = 3 * D + 8;
+  l.x = 0;
+  l.h = round_up(4u * uint32_t(rows * l.ldx), 128);
+  l.qkv = l.h + round_up(2u * uint32_t(rows * l.ldh), 128);
+  l.total = l.qkv + round_up(2u * uint32_t(rows * l.ldqkv), 128);
+  return l;
+}
+
+// B fragments of this warp's n-tiles (tile warp + 16 j < ntiles) of W [N, K] (K contiguous):
+// b[j][ks] = rows n = 8 tile + g, k = 16 ks + 2t (+1) and + 8 (+9). Steps at or past K / 16 are
+// zero (never multiplied).
+template <int NJ, int KS>
+__device__ __forceinline__ void load_b(uint32_t (&b)[NJ][KS][2], const __half* W, int K, int ntiles, int warp,
+                                       int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    const int tile = warp + kWideWarps * j;
+    const uint32_t* row = reinterpret_cast<const uint32_t*>(W + int64_t(8 * tile + g) * K) + t;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      const bool on = tile < ntiles && 16 * ks < K;
+      b[j][ks][0] = on ? __ldg(row + 8 * ks) : 0u;
+      b[j][ks][1] = on ? __ldg(row + 8 * ks + 4) : 0u;
+    }
+  }
+}
+
+// c[j] = A (16 rows at a_addr, the lane's ldmatrix address at k = 0) x B fragments, for the
+// first nj (warp-uniform) of the warp's tiles and ksteps k16 steps.
+template <int NJ, int KS>
+__device__ __forceinline__ void mma_rows(float (&c)[NJ][4], uint32_t a_addr, const uint32_t (&b)[NJ][KS][2],
+                                         int ksteps, int nj) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks) {
+    if (ks < ksteps) {
+      uint32_t af[4];
+      ldsm_x4(af, a_addr + uint32_t(ks) * 32u);
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+        if (j < nj) mma_16816(c[j], af, b[j][ks][0], b[j][ks][1]);
+    }
+  }
+}
+
+// LayerNorm of one row by one warp: v = the lane's D / 32 consecutive values (columns V * lane ..);
+// mean, then the centred sum of squares, from values held in registers.
+template <int V>
+__device__ __forceinline__ void row_ln(float (&v)[V], const float* w, const float* b, float eps, int lane) {
+  constexpr int D = 32 * V;
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < V; ++i) s += v[i];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  const float mean = s / float(D);
+  float q = 0.f;
+#pragma unroll
+  for (int i = 0; i < V; ++i) q += (v[i] - mean) * (v[i] - mean);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+  const float rstd = rsqrtf(q / float(D) + eps);
+#pragma unroll
+  for (int i = 0; i < V; ++i) v[i] = (v[i] - mean) * rstd * __ldg(w + V * lane + i) + __ldg(b + V * lane + i);
+}
+
+template <int V>
+__device__ __forceinline__ void load_row(float (&v)[V], const float* p) {
+  if constexpr (V == 4) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  } else {
+    static_assert(V == 2, "D = 64 or 128");
+    const float2 q = *reinterpret_cast<const float2*>(p);
+    v[0] = q.x, v[1] = q.y;
+  }
+}
+template <int V>
+__device__ __forceinline__ void store_row(float* p, const float (&v)[V]) {
+  if constexpr (V == 4) *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  else *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
+}
+template <int V>
+__device__ __forceinline__ void store_row_f16(__half* p, const float (&v)[V]) {
+  if constexpr (V == 4) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(pack_half2(v[0], v[1]), pack_half2(v[2], v[3]));
+  } else {
+    *reinterpret_cast<uint32_t*>(p) = pack_half2(v[0], v[1]);
+  }
+}
+
+template <int D, int HD>
+__global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args a) {
+  constexpr int H = D / HD;
+  constexpr int V = D / 32;                               // residual values per lane in a row
+  constexpr int KSD = D / 16;                             // k16 steps of K = D
+  constexpr int KSF = kMaxF / 16;                         // of K = F (<= kMaxF)
+  constexpr int NQ = 3 * D / 8;                           // n8 tiles of q | k | v
+  constexpr int NJQ = (NQ + kWideWarps - 1) / kWideWarps;  // per warp
+  constexpr int NJD = (D / 8 + kWideWarps - 1) / kWideWarps;
+  constexpr int NJF = (kMaxF / 8 + kWideWarps - 1) / kWideWarps;
+  static_assert(D == 64 || D == 128, "row LayerNorm by one warp: D / 32 values per lane");
+  static_assert(HD == 8 || (HD % 16 == 0 && HD <= D), "head_dim 8 or a multiple of 16");
+  static_assert(NJD == 1 && NJF == 1, "one n-tile per warp for the D- and F-wide products");
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int F = a.F, S = a.S;
+  const WideLayout Lo = wide_layout(D, a.st * 16);
+  const int LDX = Lo.ldx, LDH = Lo.ldh, LDQ = Lo.ldqkv;
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  float* sX = reinterpret_cast<float*>(smem + Lo.x);
+  __half* sHp = reinterpret_cast<__half*>(smem + Lo.h);
+  const uint32_t s0 = smem_u32(smem);
+  const uint32_t sH = s0 + Lo.h, sQ = s0 + Lo.qkv;
+  const uint32_t sK = sQ + uint32_t(D) * 2u, sV = sQ + uint32_t(2 * D) * 2u, sF = sK;
+  // ldmatrix A lane offsets (row lane & 15, column (lane >> 4) * 8) and C-fragment offsets (row g,
+  // column 2t) of row tile 0, in bytes.
+  const uint32_t aH = sH + uint32_t((lane & 15) * LDH + (lane >> 4) * 8) * 2u;
+  const uint32_t aQ = sQ + uint32_t((lane & 15) * LDQ + (lane >> 4) * 8) * 2u;
+  const uint32_t aF = sF + uint32_t((lane & 15) * LDQ + (lane >> 4) * 8) * 2u;
+  const uint32_t tileH = uint32_t(16 * LDH) * 2u, tileQ = uint32_t(16 * LDQ) * 2u;
+  const float sl2 = a.scale_log2;
+
+#pragma unroll 1
+  for (int b = int(blockIdx.x); b < a.B; b += int(gridDim.x)) {
+    const int len = seq_len(a, b);
+    const int mt_n = (len + 15) >> 4;  // row tiles with valid rows
+    const int rows = 16 * mt_n;
+    const float* xs = a.x + int64_t(b) * S * D;
+    float* ys = a.y + int64_t(b) * S * D;
+
+    // Layer 0's LN1: x -> sX (rows >= len: zeros, never read: y may alias x), h -> sH.
+    {
+      const PersistentLayer& w0 = a.layers[0];
+#pragma unroll 1
+      for (int r = warp; r < rows; r += kWideWarps) {
+        float v[V];
+        if (r < len) load_row<V>(v, xs + int64_t(r) * D + V * lane);
+        else
+#pragma unroll
+          for (int i = 0; i < V; ++i) v[i] = 0.f;
+        store_row<V>(sX + r * LDX + V * lane, v);
+        row_ln<V>(v, w0.ln1_w, w0.ln1_b, a.eps, lane);
+        store_row_f16<V>(sHp + r * LDH + V * lane, v);
+      }
+    }
+
+#pragma unroll 1
+    for (int l = 0; l < a.L; ++l) {
+      const PersistentLayer& w = a.layers[l];
+      // q | k | v = fp16(h Wqkv^T + b).
+      {
+        uint32_t bq[NJQ][KSD][2];
+        load_b<NJQ, KSD>(bq, w.w_qkv, D, NQ, warp, lane);
+        __syncthreads();  // h
+        const int nj = (NQ - warp + kWideWarps - 1) / kWideWarps;
+        __half2 bias[NJQ];
+#pragma unroll
+        for (int j = 0; j < NJQ; ++j)
+          bias[j] = j < nj ? *reinterpret_cast<const __half2*>(w.b_qkv + 8 * (warp + kWideWarps * j) + 2 * t)
+                           : __float2half2_rn(0.f);
+#pragma unroll 1
+        for (int mt = 0; mt < mt_n; ++mt) {
+          float c[NJQ][4];
+          mma_rows<NJQ, KSD>(c, aH + uint32_t(mt) * tileH, bq, KSD, nj);
+#pragma unroll
+          for (int j = 0; j < NJQ; ++j) {
+            if (j < nj) {
+              const float2 bv = __half22float2(bias[j]);
+              const uint32_t at = sQ + uint32_t((16 * mt + g) * LDQ + 8 * (warp + kWideWarps * j) + 2 * t) * 2u;
+              st_shared_u32(at, pack_half2(c[j][0] + bv.x, c[j][1] + bv.y));
+              st_shared_u32(at + uint32_t(8 * LDQ) * 2u, pack_half2(c[j][2] + bv.x, c[j][3] + bv.y));
+            }
+          }
+        }
+      }
+      __syncthreads();  // q, k, v
+      // Attention: task i -> (query tile mt_n - 1 - i / H, head i % H); o over q.
+      {
+        const int ntasks = H * mt_n;
+#pragma unroll 1
+        for (int k = 0; k * kWideWarps < ntasks; ++k) {
+          const int i = k * kWideWarps + ((k & 1) ? kWideWarps - 1 - warp : warp);
+          if (i < ntasks) {
+            const int lt = mt_n - 1 - i / H, hh = i - (i / H) * H;
+            const TileAttention att = tile_attention<HD>(sQ, LDQ, sK, sV, LDQ, lt, lane);
+            tile_attention_head<HD, (HD < 64), (HD < 128 ? 2 : 1)>(att, hh, lt, len, a.causal, sl2, lane);
+          }
+        }
+      }
+      // x += o Wo^T + bo.
+      {
+        uint32_t bo[NJD][KSD][2];
+        load_b<NJD, KSD>(bo, w.w_o, D, D / 8, warp, lane);
+        __syncthreads();  // o
+        if (warp < D / 8) {
+          const int col = 8 * warp + 2 * t;
+          const float2 bv = *reinterpret_cast<const float2*>(w.b_o + col);
+#pragma unroll 1
+          for (int mt = 0; mt < mt_n; ++mt) {
+            float c[NJD][4];
+            mma_rows<NJD, KSD>(c, aQ + uint32_t(mt) * tileQ, bo, KSD, 1);
+            float2* x0 = reinterpret_cast<float2*>(sX + (16 * mt + g) * LDX + col);
+            float2* x1 = reinterpret_cast<float2*>(sX + (16 * mt + g + 8) * LDX + col);
+            float2 v0 = *x0, v1 = *x1;
+            v0.x += c[0][0] + bv.x;
+            v0.y += c[0][1] + bv.y;
+            v1.x += c[0][2] + bv.x;
+            v1.y += c[0][3] + bv.y;
+            *x0 = v0;
+            *x1 = v1;
+          }
+        }
+      }
+      __syncthreads();  // x
+      // h = LN2(x).
+#pragma unroll 1
+      for (int r = warp; r < rows; r += kWideWarps) {
+        float v[V];
+        load_row<V>(v, sX + r * LDX + V * lane);
+        row_ln<V>(v, w.ln2_w, w.ln2_b, a.eps, lane);
+        store_row_f16<V>(sHp + r * LDH + V * lane, v);
+      }
+      // f = fp16(GELU(fp16(h Wi^T + bi))) over k | v.
+      {
+        uint32_t bi[NJF][KSD][2];
+        load_b<NJF, KSD>(bi, w.w_in, D, F / 8, warp, lane);
+        __syncthreads();  // h
+        if (warp < F / 8) {
+          const int col = 8 * warp + 2 * t;
+          const float2 bv = __half22float2(*reinterpret_cast<const __half2*>(w.b_in + col));
+#pragma unroll 1
+          for (int mt = 0; mt < mt_n; ++mt) {
+            float c[NJF][4];
+            mma_rows<NJF, KSD>(c, aH + uint32_t(mt) * tileH, bi, KSD, 1);
+            const uint32_t at = sF + uint32_t((16 * mt + g) * LDQ + col) * 2u;
+            st_shared_u32(at, pack_half2(gelu_of_f16(c[0][0] + bv.x), gelu_of_f16(c[0][1] + bv.y)));
+            st_shared_u32(at + uint32_t(8 * LDQ) * 2u, pack_half2(gelu_of_f16(c[0][2] + bv.x), gelu_of_f16(c[0][3] + bv.y)));
+          }
+        }
+      }
+      // x += f Wf^T + bf.
+      {
+        uint32_t bf[NJD][KSF][2];
+        load_b<NJD, KSF>(bf, w.w_out, F, D / 8, warp, lane);
+        __syncthreads();  // f
+        if (warp < D / 8) {
+          const int col = 8 * warp + 2 * t;
+          const float2 bv = *reinterpret_cast<const float2*>(w.b_out + col);
+#pragma unroll 1
+          for (int mt = 0; mt < mt_n; ++mt) {
+            float c[NJD][4];
+            mma_rows<NJD, KSF>(c, aF + uint32_t(mt) * tileQ, bf, F / 16, 1);
+            float2* x0 = reinterpret_cast<float2*>(sX + (16 * mt + g) * LDX + col);
+            float2* x1 = reinterpret_cast<float2*>(sX + (16 * mt + g + 8) * LDX + col);
+            float2 v0 = *x0, v1 = *x1;
+            v0.x += c[0][0] + bv.x;
+            v0.y += c[0][1] + bv.y;
+            v1.x += c[0][2] + bv.x;
+            v1.y += c[0][3] + bv.y;
+            *x0 = v0;
+            *x1 = v1;
+          }
+        }
+      }
+      __syncthreads();  // x
+      if (l + 1 < a.L) {
+        // The next layer's LN1.
+        const PersistentLayer& wn = a.layers[l + 1];
+#pragma unroll 1
+        for (int r = warp; r < rows; r += kWideWarps) {
+          float v[V];
+          load_row<V>(v, sX + r * LDX + V * lane);
+          row_ln<V>(v, wn.ln1_w, wn.ln1_b, a.eps, lane);
+          store_row_f16<V>(sHp + r * LDH + V * lane, v);
+        }
+      }
+    }
+    // y = LN(x; final_norm) on valid rows, zeros on the others (x complete since the last barrier).
+    // The next sequence's first writes (its LN1: sX and sH rows r = warp + 16 i) touch only rows
+    // this warp reads here, and sH's last readers (ffn_in) finished before two barriers ago.
+#pragma unroll 1
+    for (int r = warp; r < S; r += kWideWarps) {
+      float v[V];
+      if (r < len) {
+        load_row<V>(v, sX + r * LDX + V * lane);
+        row_ln<V>(v, a.final_w, a.final_b, a.eps, lane);
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) v[i] = 0.f;
+      }
+      store_row<V>(ys + int64_t(r) * D + V * lane, v);
+    }
+  }
+}
+
 // ---- launch layer -----------------------------------------------------------------------------------
 using KernelFn = void (*)(Args);
 
-KernelFn kernel_of(int D, int hd) {
+KernelFn kernel_of(int D, int hd, PersistentKernel kind = PersistentKernel::tiles) {
+  const bool cols = kind == PersistentKernel::columns;
   if (D == 128) {
     switch (hd) {
-      case 8: return model_persistent_kernel<128, 8>;
-      case 16: return model_persistent_kernel<128, 16>;
-      case 32: return model_persistent_kernel<128, 32>;
-      case 64: return model_persistent_kernel<128, 64>;
-      case 128: return model_persistent_kernel<128, 128>;
+      case 8: return cols ? model_wide_kernel<128, 8> : model_persistent_kernel<128, 8>;
+      case 16: return cols ? model_wide_kernel<128, 16> : model_persistent_kernel<128, 16>;
+      case 32: return cols ? model_wide_kernel<128, 32> : model_persistent_kernel<128, 32>;
+      case 64: return cols ? model_wide_kernel<128, 64> : model_persistent_kernel<128, 64>;
+      case 128: return cols ? model_wide_kernel<128, 128> : model_persistent_kernel<128, 128>;
       default: return nullptr;
     }
   }
   if (D == 64) {
     switch (hd) {
-      case 8: return model_persistent_kernel<64, 8>;
-      case 16: return model_persistent_kernel<64, 16>;
-      case 32: return model_persistent_kernel<64, 32>;
-      case 64: return model_persistent_kernel<64, 64>;
+      case 8: return cols ? model_wide_kernel<64, 8> : model_persistent_kernel<64, 8>;
+      case 16: return cols ? model_wide_kernel<64, 16> : model_persistent_kernel<64, 16>;
+      case 32: return cols ? model_wide_kernel<64, 32> : model_persistent_kernel<64, 32>;
+      case 64: return cols ? model_wide_kernel<64, 64> : model_persistent_kernel<64, 64>;
       default: return nullptr;
     }
   }
@@ -670,10 +866,11 @@ const DeviceInfo& device_info() {
 void ensure_smem_limits() {
   static const bool done = [] {
     const int bytes = int(device_info().smem_optin);
-    for (int D : {64, 128})
-      for (int hd : {8, 16, 32, 64, 128})
-        if (KernelFn k = kernel_of(D, hd))
-          HK_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    for (PersistentKernel kind : {PersistentKernel::tiles, PersistentKernel::columns})
+      for (int D : {64, 128})
+        for (int hd : {8, 16, 32, 64, 128})
+          if (KernelFn k = kernel_of(D, hd, kind))
+            HK_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     return true;
   }();
   (void)done;
@@ -689,7 +886,8 @@ bool shape_supported(const ModelConfig& c, int S) {
   return true;
 }
 
-size_t smem_for(const ModelConfig& c, int S, int pack) {
+size_t smem_for(const ModelConfig& c, int S, int pack, PersistentKernel kind = PersistentKernel::tiles) {
+  if (kind == PersistentKernel::columns) return wide_layout(c.d_model, tiles_of(S) * 16).total;
   return layout(c.d_model, c.ffn_dim, pack * tiles_of(S) * 16).total;
 }
 
@@ -710,9 +908,9 @@ std::vector<PersistentLayer> persistent_layer_table(const DeviceWeights& w, int 
   return t;
 }
 
-bool model_persistent_supports(const ModelConfig& config, int S) {
+bool model_persistent_supports(const ModelConfig& config, int S, PersistentKernel kind) {
   if (!shape_supported(config, S)) return false;
-  if (device_info().sms == 0 || smem_for(config, S, 1) > device_info().smem_optin) return false;
+  if (device_info().sms == 0 || smem_for(config, S, 1, kind) > device_info().smem_optin) return false;
   ensure_smem_limits();
   return true;
 }
@@ -739,18 +937,47 @@ PersistentModel::PersistentModel(const ModelConfig& config, const DeviceWeights&
 PersistentModel::~PersistentModel() { cudaFree(layers_); }
 
 void model_persistent_forward(const PersistentModel& model, int S, const float* x, const int32_t* lengths, int B,
-                              float* y, cudaStream_t stream) {
+                              float* y, cudaStream_t stream, PersistentKernel kind) {
   const ModelConfig& c = model.config();
   auto fail = [](const std::string& what) {
     throw std::invalid_argument("hk::model[cuda.persistent]: " + what);
   };
-  if (!model_persistent_supports(c, S)) fail("unsupported shape or device (see model_persistent.cuh)");
+  if (!model_persistent_supports(c, S, kind)) fail("unsupported shape or device (see model_persistent.cuh)");
   if (B < 0) fail("B < 0");
   if (B == 0) return;
   if (!x || !y || !aligned16(x) || !aligned16(y)) fail("x and y must be 16-byte aligned device pointers");
 
   const DeviceInfo& dev = device_info();
   const int st = tiles_of(S);
+  Args a;
+  a.layers = model.device_layers();
+  a.final_w = model.final_w();
+  a.final_b = model.final_b();
+  a.x = x;
+  a.y = y;
+  a.lengths = lengths;
+  a.B = B;
+  a.S = S;
+  a.F = c.ffn_dim;
+  a.L = c.n_layers;
+  a.st = st;
+  a.eps = float(c.eps);
+  a.scale_log2 = float(1.0 / std::sqrt(double(c.head_dim()))) * kLog2e;
+  a.causal = c.causal;
+  if (kind == PersistentKernel::columns) {
+    // One sequence per CTA, a grid of one wave looping over the batch.
+    const KernelFn kernel = kernel_of(c.d_model, c.head_dim(), kind);
+    const size_t smem = smem_for(c, S, 1, kind);
+    int occ = 0;
+    HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kWideThreads, smem));
+    if (occ < 1) fail("kernel does not fit on an SM");
+    a.pack = 1;
+    a.npasses = B;
+    const int grid = int(std::min<int64_t>(B, int64_t(occ) * dev.sms));
+    kernel<<<unsigned(grid), kWideThreads, smem, stream>>>(a);
+    HK_CUDA_CHECK_LAUNCH();
+    return;
+  }
   // Sequences per pass: as many as fill one wave of CTAs first, then packed into the 8 tiles.
   int pack_max = kMaxTiles / st;
   while (pack_max > 1 && smem_for(c, S, pack_max) > dev.smem_optin) --pack_max;
@@ -764,32 +991,18 @@ void model_persistent_forward(const PersistentModel& model, int S, const float* 
   HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kThreads, smem));
   if (occ < 1) fail("kernel does not fit on an SM");
 
-  Args a;
-  a.layers = model.device_layers();
-  a.final_w = model.final_w();
-  a.final_b = model.final_b();
-  a.x = x;
-  a.y = y;
-  a.lengths = lengths;
-  a.B = B;
-  a.S = S;
-  a.F = c.ffn_dim;
-  a.L = c.n_layers;
-  a.st = st;
   a.pack = pack;
   a.npasses = (B + pack - 1) / pack;
-  a.eps = float(c.eps);
-  a.scale_log2 = float(1.0 / std::sqrt(double(c.head_dim()))) * kLog2e;
-  a.causal = c.causal;
   const int grid = int(std::min<int64_t>(a.npasses, int64_t(occ) * dev.sms));
   kernel<<<unsigned(grid), kThreads, smem, stream>>>(a);
   HK_CUDA_CHECK_LAUNCH();
 }
 
-const char* model_persistent_name(const ModelConfig& config) {
+const char* model_persistent_name(const ModelConfig& config, PersistentKernel kind) {
+  const bool cols = kind == PersistentKernel::columns;
   switch (config.d_model) {
-    case 64: return "hk::model[cuda.persistent.d64]";
-    case 128: return "hk::model[cuda.persistent.d128]";
+    case 64: return cols ? "hk::model[cuda.persistent.cols.d64]" : "hk::model[cuda.persistent.d64]";
+    case 128: return cols ? "hk::model[cuda.persistent.cols.d128]" : "hk::model[cuda.persistent.d128]";
     default: return "";
   }
 }

@@ -8,6 +8,18 @@
 // h / q / k / v / o / f tiles in shared memory), streams every layer's weights from L2 through a
 // two-stage cp.async buffer, and writes y once. Only the ceil(len / 16) row tiles of a sequence
 // that hold valid tokens do any work; the other rows of y are written as zeros.
+// Two kernels serve the same contract (PersistentKernel):
+//   tiles    CTA = 8 warps; a warp owns one 16-row tile for the whole forward (its fp32 residual in
+//            mma accumulator registers) and computes every product of its rows; several short
+//            sequences share a CTA. Work per warp is that of its tile: good when the batch fills
+//            the GPU with many tiles.
+//   columns  CTA = 16 warps, one sequence per CTA; every product is split over the warps by
+//            output columns across all the sequence's valid row tiles (B fragments straight from
+//            L2 into registers), attention split into (head, query tile) tasks, LayerNorms row per
+//            warp on an fp32 residual in shared memory. A short batch (case 2: one sequence of a
+//            few dozen valid rows) still has 16 warps at work per sequence.
+//   Shared memory of columns (rows = 16 ceil(S / 16)): rows * ((D + 4) * 4 + (D + 8) * 2 +
+//   (3D + 8) * 2) bytes: 202,752 at D = 128, S = 128; the same D / head_dim / F / S limits.
 // Host-compilable header: declarations only; the kernels and the launch layer are in
 // model_persistent.cu.
 //
@@ -60,6 +72,8 @@ struct PersistentLayer {
   const float* b_out;    // [D]
 };
 
+enum class PersistentKernel { tiles, columns };
+
 // The host table of the first `layers` layers of `weights` (fp16 weights required:
 // Precision::fast). Throws std::invalid_argument for fp32 weights, std::out_of_range when
 // `weights` holds fewer layers.
@@ -69,7 +83,7 @@ std::vector<PersistentLayer> persistent_layer_table(const DeviceWeights& weights
 // above, shared memory within the device's opt-in limit). Also raises the kernel's dynamic
 // shared-memory limit once per process, so calling it before a graph capture keeps the capture
 // free of attribute changes.
-bool model_persistent_supports(const ModelConfig& config, int S);
+bool model_persistent_supports(const ModelConfig& config, int S, PersistentKernel kind = PersistentKernel::tiles);
 
 // The per-layer pointer table uploaded once (one cudaMalloc + a synchronous copy). `weights` must
 // outlive this object. Throws std::invalid_argument when `weights` is not fp16 or its layer count
@@ -100,10 +114,10 @@ class PersistentModel {
 // Throws std::invalid_argument when !model_persistent_supports(model.config(), S) or a pointer is
 // null / misaligned. B == 0 launches nothing.
 void model_persistent_forward(const PersistentModel& model, int S, const float* x, const int32_t* lengths, int B,
-                              float* y, cudaStream_t stream);
+                              float* y, cudaStream_t stream, PersistentKernel kind = PersistentKernel::tiles);
 
-// Profiler name: "hk::model[cuda.persistent.d128]" or "hk::model[cuda.persistent.d64]"; "" when D is
-// not served.
-const char* model_persistent_name(const ModelConfig& config);
+// Profiler name: "hk::model[cuda.persistent.d128]" / "...d64]" (tiles), "hk::model[cuda.persistent.cols.d128]" /
+// "...cols.d64]" (columns); "" when D is not served.
+const char* model_persistent_name(const ModelConfig& config, PersistentKernel kind = PersistentKernel::tiles);
 
 }  // namespace hk::cuda

@@ -1,5 +1,5 @@
-// GPU test of the persistent whole-model kernel (model_persistent.cuh) against the float64 forward
-// of MODEL.md (test/common/naive_forward.hpp) evaluated with the same fp16-rounded GEMM weights.
+// GPU test of the persistent whole-model kernels (model_persistent.cuh: row tiles, and columns; every
+// check below runs for each) against the float64 forward of MODEL.md (test/common/naive_forward.hpp) evaluated with the same fp16-rounded GEMM weights.
 // Standalone program: one table row per check; exits 0 when all pass, 1 on any failure, 77 when
 // no CUDA device is present (ctest SKIP_RETURN_CODE).
 //
@@ -56,6 +56,11 @@ namespace {
 // shared memory (A100: 166,912 B) such shapes are refused by design and their cases are skipped.
 constexpr size_t kFullSmem = 212992;
 bool g_full_smem = true;
+// The kernel under test (model_persistent.cuh: tiles, columns); main runs every check for each.
+hk::cuda::PersistentKernel g_kind = hk::cuda::PersistentKernel::tiles;
+const char* kind_name(hk::cuda::PersistentKernel k) {
+  return k == hk::cuda::PersistentKernel::tiles ? "tiles" : "columns";
+}
 
 constexpr size_t kGuard = 4096;          // floats of guard space before and after x and y
 constexpr unsigned char kPoison = 0xFF;  // NaN in fp32
@@ -229,7 +234,7 @@ Outcome run_case(const Case& c, uint64_t seed) {
   cfg.ffn_dim = c.F;
   cfg.n_layers = c.L;
   cfg.causal = c.causal;
-  if (!hk::cuda::model_persistent_supports(cfg, c.S)) {
+  if (!hk::cuda::model_persistent_supports(cfg, c.S, g_kind)) {
     out.error = "unsupported";
     out.skipped = !g_full_smem;
     return out;
@@ -268,7 +273,7 @@ Outcome run_case(const Case& c, uint64_t seed) {
         cudaGraph_t gr;
         cudaGraphExec_t ge;
         CHECK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        hk::cuda::model_persistent_forward(pm, S, bx.data(), d_len, B, y, st);
+        hk::cuda::model_persistent_forward(pm, S, bx.data(), d_len, B, y, st, g_kind);
         CHECK_CUDA(cudaStreamEndCapture(st, &gr));
         CHECK_CUDA(cudaGraphInstantiate(&ge, gr, 0));
         CHECK_CUDA(cudaGraphLaunch(ge, st));
@@ -276,7 +281,7 @@ Outcome run_case(const Case& c, uint64_t seed) {
         CHECK_CUDA(cudaGraphExecDestroy(ge));
         CHECK_CUDA(cudaGraphDestroy(gr));
       } else {
-        hk::cuda::model_persistent_forward(pm, S, bx.data(), d_len, B, y, st);
+        hk::cuda::model_persistent_forward(pm, S, bx.data(), d_len, B, y, st, g_kind);
       }
       CHECK_CUDA(cudaStreamSynchronize(st));
       CHECK_CUDA(cudaGetLastError());
@@ -379,7 +384,7 @@ bool refused_shapes() {
   };
   bool ok = true;
   for (const Probe& p : no)
-    if (hk::cuda::model_persistent_supports(p.c, p.S)) {
+    if (hk::cuda::model_persistent_supports(p.c, p.S, g_kind)) {
       std::printf("  supports() accepted D=%d H=%d F=%d L=%d S=%d\n", p.c.d_model, p.c.n_heads, p.c.ffn_dim,
                   p.c.n_layers, p.S);
       ok = false;
@@ -389,7 +394,7 @@ bool refused_shapes() {
                        {config(128, 16, 128, 1, false), 1}, {config(128, 1, 16, 7, false), 100},
                        {config(64, 8, 128, 2, true), 33}};
   for (const Probe& p : yes)
-    if (!hk::cuda::model_persistent_supports(p.c, p.S)) {
+    if (!hk::cuda::model_persistent_supports(p.c, p.S, g_kind)) {
       std::printf("  supports() refused D=%d H=%d F=%d L=%d S=%d\n", p.c.d_model, p.c.n_heads, p.c.ffn_dim,
                   p.c.n_layers, p.S);
       ok = false;
@@ -406,7 +411,7 @@ bool argument_contract() {
   PersistentModel pm(cfg, dw);
   Buf x(size_t(4) * 16 * 64), y(size_t(4) * 16 * 64);
   bool ok = true;
-  hk::cuda::model_persistent_forward(pm, 16, x.data(), nullptr, 0, y.data(), nullptr);
+  hk::cuda::model_persistent_forward(pm, 16, x.data(), nullptr, 0, y.data(), nullptr, g_kind);
   CHECK_CUDA(cudaDeviceSynchronize());
   for (float v : y.all())
     if (!is_poison(v)) ok = false;
@@ -418,20 +423,24 @@ bool argument_contract() {
     }
     return false;
   };
-  ok &= throws([&] { hk::cuda::model_persistent_forward(pm, 129, x.data(), nullptr, 1, y.data(), nullptr); });
-  ok &= throws([&] { hk::cuda::model_persistent_forward(pm, 16, x.data(), nullptr, 1, y.data() + 1, nullptr); });
-  ok &= throws([&] { hk::cuda::model_persistent_forward(pm, 16, nullptr, nullptr, 1, y.data(), nullptr); });
+  ok &= throws([&] { hk::cuda::model_persistent_forward(pm, 129, x.data(), nullptr, 1, y.data(), nullptr, g_kind); });
+  ok &= throws([&] { hk::cuda::model_persistent_forward(pm, 16, x.data(), nullptr, 1, y.data() + 1, nullptr, g_kind); });
+  ok &= throws([&] { hk::cuda::model_persistent_forward(pm, 16, nullptr, nullptr, 1, y.data(), nullptr, g_kind); });
   hk::cuda::DeviceWeights dw32(model, hk::Precision::fp32);
   ok &= throws([&] { PersistentModel bad(cfg, dw32); });
   ok &= std::string(hk::cuda::model_persistent_name(cfg)) == "hk::model[cuda.persistent.d64]";
   ok &= std::string(hk::cuda::model_persistent_name(config(128, 4, 128, 4, true))) == "hk::model[cuda.persistent.d128]";
+  ok &= std::string(hk::cuda::model_persistent_name(cfg, hk::cuda::PersistentKernel::columns)) ==
+        "hk::model[cuda.persistent.cols.d64]";
+  ok &= std::string(hk::cuda::model_persistent_name(config(128, 4, 128, 4, true), hk::cuda::PersistentKernel::columns)) ==
+        "hk::model[cuda.persistent.cols.d128]";
   return ok;
 }
 
 // ---- timing ----------------------------------------------------------------------------------------
 void time_case(const char* name, int B, int S, int D, int H, int F, int L, bool causal, bool null_lengths) {
   const ModelConfig cfg = config(D, H, F, L, causal);
-  if (!hk::cuda::model_persistent_supports(cfg, S)) {
+  if (!hk::cuda::model_persistent_supports(cfg, S, g_kind)) {
     std::printf("%-8s unsupported\n", name);
     return;
   }
@@ -461,12 +470,12 @@ void time_case(const char* name, int B, int S, int D, int H, int F, int L, bool 
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; ++i) hk::cuda::model_persistent_forward(pm, S, dx, lp, B, dy, nullptr);
+  for (int i = 0; i < 3; ++i) hk::cuda::model_persistent_forward(pm, S, dx, lp, B, dy, nullptr, g_kind);
   CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<float> ms;
   for (int i = 0; i < 30; ++i) {
     CHECK_CUDA(cudaEventRecord(e0));
-    hk::cuda::model_persistent_forward(pm, S, dx, lp, B, dy, nullptr);
+    hk::cuda::model_persistent_forward(pm, S, dx, lp, B, dy, nullptr, g_kind);
     CHECK_CUDA(cudaEventRecord(e1));
     CHECK_CUDA(cudaEventSynchronize(e1));
     float v = 0;
@@ -482,7 +491,7 @@ void time_case(const char* name, int B, int S, int D, int H, int F, int L, bool 
               "(min %.4f)  %7.1f Mtok/s  %6.1f GEMM TFLOP/s  %s\n",
               name, B, S, D, H, F, L, int(causal), null_lengths ? "null" : "1..S", static_cast<long long>(tokens), med,
               ms.front(), double(tokens) / (med * 1e-3) / 1e6, gemm_flops / (med * 1e-3) / 1e12,
-              hk::cuda::model_persistent_name(cfg));
+              hk::cuda::model_persistent_name(cfg, g_kind));
   CHECK_CUDA(cudaEventDestroy(e0));
   CHECK_CUDA(cudaEventDestroy(e1));
   CHECK_CUDA(cudaFree(dx));
@@ -643,56 +652,67 @@ int main() {
     }
   }
 
-  std::printf("\n%-4s %-14s %-5s %-4s %-4s %-3s %-4s %-2s %-3s %-5s %-5s %-6s %-5s %-9s %-8s %-5s %-5s %-5s %-5s %s\n",
-              "#", "case", "B", "S", "D", "H", "F", "L", "cau", "lens", "alias", "graph", "seqs", "max_err", "ratio",
-              "bad", "unwr", "pad", "guard", "result");
+  int failures = 0, n = 0;
   // HK_TEST_MAX_TOKENS=N (e.g. under compute-sanitizer): cases with more than N = B*S rows are
   // skipped and listed as such.
   long long max_tokens = -1;
   if (const char* mt = std::getenv("HK_TEST_MAX_TOKENS"); mt && *mt) max_tokens = std::atoll(mt);
-  int failures = 0, n = 0;
-  for (const Case& c : cases) {
-    if (max_tokens >= 0 && (long long)c.B * c.S > max_tokens) {
-      std::printf("%-4d %-14s %-5d %-4d skipped (HK_TEST_MAX_TOKENS)\n", n++, c.name.c_str(), c.B, c.S);
-      continue;
+  const hk::cuda::PersistentKernel kinds[] = {hk::cuda::PersistentKernel::tiles, hk::cuda::PersistentKernel::columns};
+  for (const hk::cuda::PersistentKernel kind : kinds) {
+    g_kind = kind;
+    std::printf("\n== kernel: %s\n", kind_name(kind));
+    std::printf("\n%-4s %-14s %-5s %-4s %-4s %-3s %-4s %-2s %-3s %-5s %-5s %-6s %-5s %-9s %-8s %-5s %-5s %-5s %-5s %s\n",
+                "#", "case", "B", "S", "D", "H", "F", "L", "cau", "lens", "alias", "graph", "seqs", "max_err", "ratio",
+                "bad", "unwr", "pad", "guard", "result");
+    for (const Case& c : cases) {
+      if (max_tokens >= 0 && (long long)c.B * c.S > max_tokens) {
+        std::printf("%-4d %-14s %-5d %-4d skipped (HK_TEST_MAX_TOKENS)\n", n++, c.name.c_str(), c.B, c.S);
+        continue;
+      }
+      const Outcome r = run_case(c, 0x5eed0000ull + uint64_t(n) * 7919ull);
+      const bool ok = r.ok();
+      failures += ok ? 0 : 1;
+      std::printf("%-4d %-14s %-5d %-4d %-4d %-3d %-4d %-2d %-3d %-5s %-5s %-6s %-5d %-9.2e %-8.3f %-5ld %-5ld %-5ld %-5ld %s%s%s\n",
+                  n, c.name.c_str(), c.B, c.S, c.D, c.H, c.F, c.L, int(c.causal), lens_name(c.lens), c.alias ? "yes" : "no",
+                  c.graph ? "yes" : (c.repeat ? "rep" : "no"), r.checked, r.max_err, r.ratio, r.bad, r.unwritten,
+                  r.pad_nonzero, r.guard + r.x_changed + r.nondeterministic, r.skipped ? "SKIP" : (ok ? "PASS" : "FAIL"),
+                  r.error.empty() ? "" : ": ", r.error.c_str());
+      std::fflush(stdout);
+      ++n;
     }
-    const Outcome r = run_case(c, 0x5eed0000ull + uint64_t(n) * 7919ull);
-    const bool ok = r.ok();
-    failures += ok ? 0 : 1;
-    std::printf("%-4d %-14s %-5d %-4d %-4d %-3d %-4d %-2d %-3d %-5s %-5s %-6s %-5d %-9.2e %-8.3f %-5ld %-5ld %-5ld %-5ld %s%s%s\n",
-                n, c.name.c_str(), c.B, c.S, c.D, c.H, c.F, c.L, int(c.causal), lens_name(c.lens), c.alias ? "yes" : "no",
-                c.graph ? "yes" : (c.repeat ? "rep" : "no"), r.checked, r.max_err, r.ratio, r.bad, r.unwritten,
-                r.pad_nonzero, r.guard + r.x_changed + r.nondeterministic, r.skipped ? "SKIP" : (ok ? "PASS" : "FAIL"),
-                r.error.empty() ? "" : ": ", r.error.c_str());
-    std::fflush(stdout);
-    ++n;
-  }
-  if (!timing_only) {
-    const bool ok = refused_shapes();
-    std::printf("%-4d supports(): limits refused / accepted as documented: %s\n", n++, ok ? "PASS" : "FAIL");
-    failures += ok ? 0 : 1;
-  }
-  if (!timing_only) {
-    bool ok = false;
-    try {
-      ok = argument_contract();
-    } catch (const std::exception& e) {
-      std::printf("  %s\n", e.what());
+    if (!timing_only) {
+      const bool ok = refused_shapes();
+      std::printf("%-4d supports(): limits refused / accepted as documented: %s\n", n++, ok ? "PASS" : "FAIL");
+      failures += ok ? 0 : 1;
     }
-    std::printf("%-4d forward(): B=0 writes nothing, bad S / pointers / fp32 weights throw, names: %s\n", n++,
-                ok ? "PASS" : "FAIL");
-    failures += ok ? 0 : 1;
+    if (!timing_only) {
+      bool ok = false;
+      try {
+        ok = argument_contract();
+      } catch (const std::exception& e) {
+        std::printf("  %s\n", e.what());
+      }
+      std::printf("%-4d forward(): B=0 writes nothing, bad S / pointers / fp32 weights throw, names: %s\n", n++,
+                  ok ? "PASS" : "FAIL");
+      failures += ok ? 0 : 1;
+    }
   }
   std::printf("\n%d checks, %d failed\n", n, failures);
   // HK_TEST_NO_TIMING=1 (e.g. under compute-sanitizer): correctness only.
   if (const char* nt = std::getenv("HK_TEST_NO_TIMING"); nt && *nt && *nt != '0') return failures == 0 ? 0 : 1;
 
-  std::printf("\ntimings (whole forward, one launch; median of 30, cudaEvent)\n");
+  std::printf("\ntimings (whole forward, one launch; median of 30, cudaEvent; each shape with both kernels)\n");
   for (const Shape& s : csv) {
     const int B = std::string(s.name) == "case11" ? 1024 : s.B;
-    time_case(s.name, B, s.S, s.D, s.H, s.F, s.L, s.causal, false);
-    time_case(s.name, B, s.S, s.D, s.H, s.F, s.L, s.causal, true);
+    for (const bool null_lengths : {false, true})
+      for (const hk::cuda::PersistentKernel kind : kinds) {
+        g_kind = kind;
+        time_case(s.name, B, s.S, s.D, s.H, s.F, s.L, s.causal, null_lengths);
+      }
   }
-  time_case("case6", 10000, 128, 128, 4, 128, 4, true, false);
+  for (const hk::cuda::PersistentKernel kind : kinds) {
+    g_kind = kind;
+    time_case("case6", 10000, 128, 128, 4, 128, 4, true, false);
+  }
   return failures == 0 ? 0 : 1;
 }

@@ -44,8 +44,10 @@ const std::vector<Knob>& knobs() {
       {"HK_CHAINS", "auto|off|persistent|post_attn_qkv", "auto", "cuda",
        "Fused chain kernels (several steps in one kernel). off: single-step kernels only. auto: a chain is kept "
        "where it measures faster than the kernels it replaces (untuned: the table's first kernel), and the "
-       "whole-model persistent kernel (D, F <= 128, S <= 128) where it measures faster than the chosen "
-       "per-layer plan. persistent: the whole-model kernel wherever the model is within its limits. "
+       "whole-model persistent kernels (D, F <= 128, S <= 128: a warp per row tile, or a CTA per sequence "
+       "with the products split by columns) where one measures faster than the chosen per-layer plan. "
+       "persistent: the whole-model kernel (row tiles; columns where only that fits) wherever the model is "
+       "within its limits. "
        "post_attn_qkv: the post-attention chain that also runs the next layer's QKV projection (fast precision, "
        "D = F = 64 or 128) wherever it applies, tuned or not."},
       {"HK_LIBRARIES", "auto|all|own", "auto", "cuda",
