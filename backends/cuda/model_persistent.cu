@@ -490,17 +490,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) model_persistent_kernel(
 
 // ---- the column-split kernel ----------------------------------------------------------------------
 // One sequence per CTA of 16 warps. Every product is split over the warps by output columns (n8
-// tiles: warp w takes tiles w, w + 16, ...) and runs over all the sequence's valid row tiles, so a
-// short sequence (case 2: 1 x 128 with a few dozen valid rows) still has every warp at work; the
-// B fragments of a warp's columns come from global memory (the weights stay in L2) straight into
-// registers, issued before the barrier that precedes their product. Attention: (head, query tile)
-// tasks over the warps, longest (causal) first, dealt out in a snake. LayerNorms: row per warp
-// on the fp32 residual, which lives in shared memory (x += c + bias in the product epilogues, the
-// unfused route's order: product, then bias and residual).
+// tiles: warp w takes tiles w, w + 16, ...) and runs over all the sequence's valid row tiles (two
+// at a time), so a short sequence (case 2: 1 x 128 with a few dozen valid rows) still has every
+// warp at work; the B fragments of a warp's columns come from global memory (the weights stay in
+// L2) straight into registers with 16-byte loads (the A operands h, o, f are stored in the k order
+// of perm_col(), tile_attention.cuh), issued with the epilogue's vectors before the barrier that
+// precedes their product. Attention: (head, query tile) tasks over the warps, longest (causal)
+// first, dealt out in a snake. LayerNorms: row per warp on the fp32 residual, which lives in shared
+// memory (x += c + bias in the product epilogues, the unfused route's order).
 // Shared memory (rows = 16 * ceil(S / 16)):
 //   sX   [rows][D + 4]  fp32 residual
-//   sH   [rows][D + 8]  h (LN output, fp16): the A operand of q/k/v and ffn_in
-//   sQKV [rows][3D + 8] q | k | v (fp16); o over q (per task: its own rows and head); f over k | v
+//   sH   [rows][D + 8]  h (LN output) and o (attention output), fp16, permuted k order: the A
+//                       operand of q/k/v, out_proj and ffn_in
+//   sQKV [rows][3D + 8] q | k | v (fp16, natural order); f (permuted) over k | v
 // Per layer (barriers |): LN1 | qkv | attention | out_proj | LN2 | ffn_in | ffn_out | (next LN1).
 constexpr int kWideWarps = 16;
 constexpr int kWideThreads = 32 * kWideWarps;
@@ -521,90 +523,122 @@ __host__ __device__ inline WideLayout wide_layout(int D, int rows) {
   return l;
 }
 
-// B fragments of this warp's n-tiles (tile warp + 16 j < ntiles) of W [N, K] (K contiguous):
-// b[j][ks] = rows n = 8 tile + g, k = 16 ks + 2t (+1) and + 8 (+9). Steps at or past K / 16 are
-// zero (never multiplied).
+// B fragments of this warp's n-tiles (tile warp + 16 j < ntiles) of W [N, K] (K contiguous, a
+// multiple of 16) for an A operand stored in perm_col() order: per group of 32 k, the lane's row
+// n = 8 tile + g, weights 8t .. 8t + 7 (one 16-byte load) are the fragments of both k16 steps;
+// a last group of 16: weights 4t .. 4t + 3 (8 bytes). Steps at or past K / 16 are zero.
 template <int NJ, int KS>
 __device__ __forceinline__ void load_b(uint32_t (&b)[NJ][KS][2], const __half* W, int K, int ntiles, int warp,
                                        int lane) {
+  static_assert(KS % 2 == 0, "k steps in pairs");
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int j = 0; j < NJ; ++j) {
     const int tile = warp + kWideWarps * j;
-    const uint32_t* row = reinterpret_cast<const uint32_t*>(W + int64_t(8 * tile + g) * K) + t;
+    const __half* row = W + int64_t(8 * tile + g) * K;
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      const bool on = tile < ntiles && 16 * ks < K;
-      b[j][ks][0] = on ? __ldg(row + 8 * ks) : 0u;
-      b[j][ks][1] = on ? __ldg(row + 8 * ks + 4) : 0u;
+    for (int kk = 0; kk < KS / 2; ++kk) {
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (tile < ntiles) {
+        if (32 * kk + 32 <= K) {
+          v = __ldg(reinterpret_cast<const uint4*>(row + 32 * kk + 8 * t));
+        } else if (32 * kk + 16 <= K) {
+          const uint2 u = __ldg(reinterpret_cast<const uint2*>(row + 32 * kk + 4 * t));
+          v.x = u.x;
+          v.y = u.y;
+        }
+      }
+      b[j][2 * kk][0] = v.x;
+      b[j][2 * kk][1] = v.y;
+      b[j][2 * kk + 1][0] = v.z;
+      b[j][2 * kk + 1][1] = v.w;
     }
   }
 }
 
-// c[j] = A (16 rows at a_addr, the lane's ldmatrix address at k = 0) x B fragments, for the
-// first nj (warp-uniform) of the warp's tiles and ksteps k16 steps.
+// c[m][j] = A (row tile m of the two at a0 / a1, the lane's ldmatrix addresses at k = 0) x B
+// fragments, for the first nj (warp-uniform) of the warp's tiles and ksteps k16 steps; the second
+// row tile only when `two` (warp-uniform). Two independent accumulator chains per n-tile.
 template <int NJ, int KS>
-__device__ __forceinline__ void mma_rows(float (&c)[NJ][4], uint32_t a_addr, const uint32_t (&b)[NJ][KS][2],
-                                         int ksteps, int nj) {
+__device__ __forceinline__ void mma_rows2(float (&c)[2][NJ][4], uint32_t a0, uint32_t a1, bool two,
+                                          const uint32_t (&b)[NJ][KS][2], int ksteps, int nj) {
 #pragma unroll
-  for (int j = 0; j < NJ; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) c[m][j][0] = c[m][j][1] = c[m][j][2] = c[m][j][3] = 0.f;
 #pragma unroll
   for (int ks = 0; ks < KS; ++ks) {
     if (ks < ksteps) {
-      uint32_t af[4];
-      ldsm_x4(af, a_addr + uint32_t(ks) * 32u);
+      uint32_t af[4], ag[4];
+      ldsm_x4(af, a0 + uint32_t(ks) * 32u);
+      if (two) ldsm_x4(ag, a1 + uint32_t(ks) * 32u);
 #pragma unroll
-      for (int j = 0; j < NJ; ++j)
-        if (j < nj) mma_16816(c[j], af, b[j][ks][0], b[j][ks][1]);
+      for (int j = 0; j < NJ; ++j) {
+        if (j < nj) {
+          mma_16816(c[0][j], af, b[j][ks][0], b[j][ks][1]);
+          if (two) mma_16816(c[1][j], ag, b[j][ks][0], b[j][ks][1]);
+        }
+      }
     }
   }
 }
 
-// LayerNorm of one row by one warp: v = the lane's D / 32 consecutive values (columns V * lane ..);
-// mean, then the centred sum of squares, from values held in registers.
+// The lane's D / 32 consecutive values (columns V * lane ..) of a row, and the LayerNorm of a row
+// by one warp: mean, then the centred sum of squares, from values held in registers.
 template <int V>
-__device__ __forceinline__ void row_ln(float (&v)[V], const float* w, const float* b, float eps, int lane) {
-  constexpr int D = 32 * V;
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < V; ++i) s += v[i];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  const float mean = s / float(D);
-  float q = 0.f;
-#pragma unroll
-  for (int i = 0; i < V; ++i) q += (v[i] - mean) * (v[i] - mean);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
-  const float rstd = rsqrtf(q / float(D) + eps);
-#pragma unroll
-  for (int i = 0; i < V; ++i) v[i] = (v[i] - mean) * rstd * __ldg(w + V * lane + i) + __ldg(b + V * lane + i);
-}
-
-template <int V>
-__device__ __forceinline__ void load_row(float (&v)[V], const float* p) {
-  if constexpr (V == 4) {
-    const float4 q = *reinterpret_cast<const float4*>(p);
-    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-  } else {
-    static_assert(V == 2, "D = 64 or 128");
-    const float2 q = *reinterpret_cast<const float2*>(p);
-    v[0] = q.x, v[1] = q.y;
+struct RowVec {
+  float v[V];
+  __device__ __forceinline__ void load(const float* p) {
+    if constexpr (V == 4) {
+      const float4 q = *reinterpret_cast<const float4*>(p);
+      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    } else {
+      static_assert(V == 2, "D = 64 or 128");
+      const float2 q = *reinterpret_cast<const float2*>(p);
+      v[0] = q.x, v[1] = q.y;
+    }
   }
-}
-template <int V>
-__device__ __forceinline__ void store_row(float* p, const float (&v)[V]) {
-  if constexpr (V == 4) *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  else *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
-}
-template <int V>
-__device__ __forceinline__ void store_row_f16(__half* p, const float (&v)[V]) {
-  if constexpr (V == 4) {
-    *reinterpret_cast<uint2*>(p) = make_uint2(pack_half2(v[0], v[1]), pack_half2(v[2], v[3]));
-  } else {
-    *reinterpret_cast<uint32_t*>(p) = pack_half2(v[0], v[1]);
+  __device__ __forceinline__ void load_ldg(const float* p) {
+    if constexpr (V == 4) {
+      const float4 q = __ldg(reinterpret_cast<const float4*>(p));
+      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    } else {
+      const float2 q = __ldg(reinterpret_cast<const float2*>(p));
+      v[0] = q.x, v[1] = q.y;
+    }
   }
-}
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] = 0.f;
+  }
+  __device__ __forceinline__ void store(float* p) const {
+    if constexpr (V == 4) *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    else *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
+  }
+  __device__ __forceinline__ void layer_norm(const RowVec& w, const RowVec& b, float eps) {
+    constexpr int D = 32 * V;
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < V; ++i) s += v[i];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float mean = s / float(D);
+    float q = 0.f;
+#pragma unroll
+    for (int i = 0; i < V; ++i) q += (v[i] - mean) * (v[i] - mean);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+    const float rstd = rsqrtf(q / float(D) + eps);
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] = (v[i] - mean) * rstd * w.v[i] + b.v[i];
+  }
+  // fp16 into an A-operand row (perm_col order over K = D), columns V * lane ...
+  __device__ __forceinline__ void store_a(uint32_t row, int lane) const {
+#pragma unroll
+    for (int i = 0; i < V; i += 2)
+      st_shared_u32(row + uint32_t(perm_col(V * lane + i, 32 * V)) * 2u, pack_half2(v[i], v[i + 1]));
+  }
+};
 
 template <int D, int HD>
 __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args a) {
@@ -627,17 +661,35 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   float* sX = reinterpret_cast<float*>(smem + Lo.x);
-  __half* sHp = reinterpret_cast<__half*>(smem + Lo.h);
   const uint32_t s0 = smem_u32(smem);
   const uint32_t sH = s0 + Lo.h, sQ = s0 + Lo.qkv;
   const uint32_t sK = sQ + uint32_t(D) * 2u, sV = sQ + uint32_t(2 * D) * 2u, sF = sK;
-  // ldmatrix A lane offsets (row lane & 15, column (lane >> 4) * 8) and C-fragment offsets (row g,
-  // column 2t) of row tile 0, in bytes.
+  // ldmatrix A lane addresses (row lane & 15, column (lane >> 4) * 8) of row tile 0, in bytes.
   const uint32_t aH = sH + uint32_t((lane & 15) * LDH + (lane >> 4) * 8) * 2u;
-  const uint32_t aQ = sQ + uint32_t((lane & 15) * LDQ + (lane >> 4) * 8) * 2u;
   const uint32_t aF = sF + uint32_t((lane & 15) * LDQ + (lane >> 4) * 8) * 2u;
   const uint32_t tileH = uint32_t(16 * LDH) * 2u, tileQ = uint32_t(16 * LDQ) * 2u;
+  const uint32_t row8H = uint32_t(8 * LDH) * 2u, row8Q = uint32_t(8 * LDQ) * 2u;
   const float sl2 = a.scale_log2;
+  const int nj_q = (NQ - warp + kWideWarps - 1) / kWideWarps;  // this warp's q | k | v tiles
+  const int colD = 8 * warp + 2 * t;                           // out_proj / ffn_out / ffn_in column
+
+  // x += c + bias over this warp's columns of row tiles mt, mt + 1 (`two`).
+  auto add_residual = [&](const float (&c)[2][1][4], int mt, bool two, float2 bv) {
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      if (m == 0 || two) {
+        float2* x0 = reinterpret_cast<float2*>(sX + (16 * (mt + m) + g) * LDX + colD);
+        float2* x1 = reinterpret_cast<float2*>(sX + (16 * (mt + m) + g + 8) * LDX + colD);
+        float2 v0 = *x0, v1 = *x1;
+        v0.x += c[m][0][0] + bv.x;
+        v0.y += c[m][0][1] + bv.y;
+        v1.x += c[m][0][2] + bv.x;
+        v1.y += c[m][0][3] + bv.y;
+        *x0 = v0;
+        *x1 = v1;
+      }
+    }
+  };
 
 #pragma unroll 1
   for (int b = int(blockIdx.x); b < a.B; b += int(gridDim.x)) {
@@ -649,51 +701,56 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
 
     // Layer 0's LN1: x -> sX (rows >= len: zeros, never read: y may alias x), h -> sH.
     {
-      const PersistentLayer& w0 = a.layers[0];
+      RowVec<V> w, bb;
+      w.load_ldg(a.layers[0].ln1_w + V * lane);
+      bb.load_ldg(a.layers[0].ln1_b + V * lane);
 #pragma unroll 1
       for (int r = warp; r < rows; r += kWideWarps) {
-        float v[V];
-        if (r < len) load_row<V>(v, xs + int64_t(r) * D + V * lane);
-        else
-#pragma unroll
-          for (int i = 0; i < V; ++i) v[i] = 0.f;
-        store_row<V>(sX + r * LDX + V * lane, v);
-        row_ln<V>(v, w0.ln1_w, w0.ln1_b, a.eps, lane);
-        store_row_f16<V>(sHp + r * LDH + V * lane, v);
+        RowVec<V> v;
+        if (r < len) v.load(xs + int64_t(r) * D + V * lane);
+        else v.zero();
+        v.store(sX + r * LDX + V * lane);
+        v.layer_norm(w, bb, a.eps);
+        v.store_a(sH + uint32_t(r * LDH) * 2u, lane);
       }
     }
 
 #pragma unroll 1
     for (int l = 0; l < a.L; ++l) {
       const PersistentLayer& w = a.layers[l];
-      // q | k | v = fp16(h Wqkv^T + b).
+      // q | k | v = fp16(h Wqkv^T + b), natural column order.
       {
         uint32_t bq[NJQ][KSD][2];
         load_b<NJQ, KSD>(bq, w.w_qkv, D, NQ, warp, lane);
-        __syncthreads();  // h
-        const int nj = (NQ - warp + kWideWarps - 1) / kWideWarps;
-        __half2 bias[NJQ];
+        float2 bias[NJQ];
 #pragma unroll
         for (int j = 0; j < NJQ; ++j)
-          bias[j] = j < nj ? *reinterpret_cast<const __half2*>(w.b_qkv + 8 * (warp + kWideWarps * j) + 2 * t)
-                           : __float2half2_rn(0.f);
+          bias[j] = j < nj_q ? __half22float2(*reinterpret_cast<const __half2*>(w.b_qkv + 8 * (warp + kWideWarps * j) + 2 * t))
+                             : make_float2(0.f, 0.f);
+        __syncthreads();  // h
 #pragma unroll 1
-        for (int mt = 0; mt < mt_n; ++mt) {
-          float c[NJQ][4];
-          mma_rows<NJQ, KSD>(c, aH + uint32_t(mt) * tileH, bq, KSD, nj);
+        for (int mt = 0; mt < mt_n; mt += 2) {
+          const bool two = mt + 1 < mt_n;
+          float c[2][NJQ][4];
+          mma_rows2<NJQ, KSD>(c, aH + uint32_t(mt) * tileH, aH + uint32_t(mt + 1) * tileH, two, bq, KSD, nj_q);
 #pragma unroll
-          for (int j = 0; j < NJQ; ++j) {
-            if (j < nj) {
-              const float2 bv = __half22float2(bias[j]);
-              const uint32_t at = sQ + uint32_t((16 * mt + g) * LDQ + 8 * (warp + kWideWarps * j) + 2 * t) * 2u;
-              st_shared_u32(at, pack_half2(c[j][0] + bv.x, c[j][1] + bv.y));
-              st_shared_u32(at + uint32_t(8 * LDQ) * 2u, pack_half2(c[j][2] + bv.x, c[j][3] + bv.y));
+          for (int m = 0; m < 2; ++m) {
+            if (m == 0 || two) {
+#pragma unroll
+              for (int j = 0; j < NJQ; ++j) {
+                if (j < nj_q) {
+                  const uint32_t at =
+                      sQ + uint32_t((16 * (mt + m) + g) * LDQ + 8 * (warp + kWideWarps * j) + 2 * t) * 2u;
+                  st_shared_u32(at, pack_half2(c[m][j][0] + bias[j].x, c[m][j][1] + bias[j].y));
+                  st_shared_u32(at + row8Q, pack_half2(c[m][j][2] + bias[j].x, c[m][j][3] + bias[j].y));
+                }
+              }
             }
           }
         }
       }
-      __syncthreads();  // q, k, v
-      // Attention: task i -> (query tile mt_n - 1 - i / H, head i % H); o over q.
+      __syncthreads();  // q, k, v (and every read of h)
+      // Attention: task i -> (query tile mt_n - 1 - i / H, head i % H); o -> sH (perm_col order).
       {
         const int ntasks = H * mt_n;
 #pragma unroll 1
@@ -701,7 +758,10 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
           const int i = k * kWideWarps + ((k & 1) ? kWideWarps - 1 - warp : warp);
           if (i < ntasks) {
             const int lt = mt_n - 1 - i / H, hh = i - (i / H) * H;
-            const TileAttention att = tile_attention<HD>(sQ, LDQ, sK, sV, LDQ, lt, lane);
+            TileAttention att = tile_attention<HD>(sQ, LDQ, sK, sV, LDQ, lt, lane);
+            att.o = sH + uint32_t((lt * 16 + g) * LDH) * 2u;
+            att.o_row8 = row8H;
+            att.o_perm = D;
             tile_attention_head<HD, (HD < 64), (HD < 128 ? 2 : 1)>(att, hh, lt, len, a.causal, sl2, lane);
           }
         }
@@ -710,50 +770,54 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
       {
         uint32_t bo[NJD][KSD][2];
         load_b<NJD, KSD>(bo, w.w_o, D, D / 8, warp, lane);
+        const float2 bv = warp < D / 8 ? __ldg(reinterpret_cast<const float2*>(w.b_o + colD)) : make_float2(0.f, 0.f);
         __syncthreads();  // o
         if (warp < D / 8) {
-          const int col = 8 * warp + 2 * t;
-          const float2 bv = *reinterpret_cast<const float2*>(w.b_o + col);
 #pragma unroll 1
-          for (int mt = 0; mt < mt_n; ++mt) {
-            float c[NJD][4];
-            mma_rows<NJD, KSD>(c, aQ + uint32_t(mt) * tileQ, bo, KSD, 1);
-            float2* x0 = reinterpret_cast<float2*>(sX + (16 * mt + g) * LDX + col);
-            float2* x1 = reinterpret_cast<float2*>(sX + (16 * mt + g + 8) * LDX + col);
-            float2 v0 = *x0, v1 = *x1;
-            v0.x += c[0][0] + bv.x;
-            v0.y += c[0][1] + bv.y;
-            v1.x += c[0][2] + bv.x;
-            v1.y += c[0][3] + bv.y;
-            *x0 = v0;
-            *x1 = v1;
+          for (int mt = 0; mt < mt_n; mt += 2) {
+            const bool two = mt + 1 < mt_n;
+            float c[2][NJD][4];
+            mma_rows2<NJD, KSD>(c, aH + uint32_t(mt) * tileH, aH + uint32_t(mt + 1) * tileH, two, bo, KSD, 1);
+            add_residual(c, mt, two, bv);
           }
         }
       }
-      __syncthreads();  // x
       // h = LN2(x).
+      {
+        RowVec<V> lw, lb;
+        lw.load_ldg(w.ln2_w + V * lane);
+        lb.load_ldg(w.ln2_b + V * lane);
+        __syncthreads();  // x (and every read of o)
 #pragma unroll 1
-      for (int r = warp; r < rows; r += kWideWarps) {
-        float v[V];
-        load_row<V>(v, sX + r * LDX + V * lane);
-        row_ln<V>(v, w.ln2_w, w.ln2_b, a.eps, lane);
-        store_row_f16<V>(sHp + r * LDH + V * lane, v);
+        for (int r = warp; r < rows; r += kWideWarps) {
+          RowVec<V> v;
+          v.load(sX + r * LDX + V * lane);
+          v.layer_norm(lw, lb, a.eps);
+          v.store_a(sH + uint32_t(r * LDH) * 2u, lane);
+        }
       }
-      // f = fp16(GELU(fp16(h Wi^T + bi))) over k | v.
+      // f = fp16(GELU(fp16(h Wi^T + bi))) over k | v, perm_col order over K = F.
       {
         uint32_t bi[NJF][KSD][2];
         load_b<NJF, KSD>(bi, w.w_in, D, F / 8, warp, lane);
+        const float2 bv = warp < F / 8 ? __half22float2(*reinterpret_cast<const __half2*>(w.b_in + colD))
+                                       : make_float2(0.f, 0.f);
         __syncthreads();  // h
         if (warp < F / 8) {
-          const int col = 8 * warp + 2 * t;
-          const float2 bv = __half22float2(*reinterpret_cast<const __half2*>(w.b_in + col));
+          const uint32_t fcol = uint32_t(perm_col(colD, F)) * 2u;
 #pragma unroll 1
-          for (int mt = 0; mt < mt_n; ++mt) {
-            float c[NJF][4];
-            mma_rows<NJF, KSD>(c, aH + uint32_t(mt) * tileH, bi, KSD, 1);
-            const uint32_t at = sF + uint32_t((16 * mt + g) * LDQ + col) * 2u;
-            st_shared_u32(at, pack_half2(gelu_of_f16(c[0][0] + bv.x), gelu_of_f16(c[0][1] + bv.y)));
-            st_shared_u32(at + uint32_t(8 * LDQ) * 2u, pack_half2(gelu_of_f16(c[0][2] + bv.x), gelu_of_f16(c[0][3] + bv.y)));
+          for (int mt = 0; mt < mt_n; mt += 2) {
+            const bool two = mt + 1 < mt_n;
+            float c[2][NJF][4];
+            mma_rows2<NJF, KSD>(c, aH + uint32_t(mt) * tileH, aH + uint32_t(mt + 1) * tileH, two, bi, KSD, 1);
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+              if (m == 0 || two) {
+                const uint32_t at = sF + uint32_t((16 * (mt + m) + g) * LDQ) * 2u + fcol;
+                st_shared_u32(at, pack_half2(gelu_of_f16(c[m][0][0] + bv.x), gelu_of_f16(c[m][0][1] + bv.y)));
+                st_shared_u32(at + row8Q, pack_half2(gelu_of_f16(c[m][0][2] + bv.x), gelu_of_f16(c[m][0][3] + bv.y)));
+              }
+            }
           }
         }
       }
@@ -761,53 +825,47 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
       {
         uint32_t bf[NJD][KSF][2];
         load_b<NJD, KSF>(bf, w.w_out, F, D / 8, warp, lane);
+        const float2 bv = warp < D / 8 ? __ldg(reinterpret_cast<const float2*>(w.b_out + colD)) : make_float2(0.f, 0.f);
         __syncthreads();  // f
         if (warp < D / 8) {
-          const int col = 8 * warp + 2 * t;
-          const float2 bv = *reinterpret_cast<const float2*>(w.b_out + col);
 #pragma unroll 1
-          for (int mt = 0; mt < mt_n; ++mt) {
-            float c[NJD][4];
-            mma_rows<NJD, KSF>(c, aF + uint32_t(mt) * tileQ, bf, F / 16, 1);
-            float2* x0 = reinterpret_cast<float2*>(sX + (16 * mt + g) * LDX + col);
-            float2* x1 = reinterpret_cast<float2*>(sX + (16 * mt + g + 8) * LDX + col);
-            float2 v0 = *x0, v1 = *x1;
-            v0.x += c[0][0] + bv.x;
-            v0.y += c[0][1] + bv.y;
-            v1.x += c[0][2] + bv.x;
-            v1.y += c[0][3] + bv.y;
-            *x0 = v0;
-            *x1 = v1;
+          for (int mt = 0; mt < mt_n; mt += 2) {
+            const bool two = mt + 1 < mt_n;
+            float c[2][NJD][4];
+            mma_rows2<NJD, KSF>(c, aF + uint32_t(mt) * tileQ, aF + uint32_t(mt + 1) * tileQ, two, bf, F / 16, 1);
+            add_residual(c, mt, two, bv);
           }
         }
       }
+      // The next layer's LN1, or the final LayerNorm into y (valid rows; zeros on the others).
+      const bool last = l + 1 == a.L;
+      RowVec<V> lw, lb;
+      lw.load_ldg((last ? a.final_w : a.layers[l + 1].ln1_w) + V * lane);
+      lb.load_ldg((last ? a.final_b : a.layers[l + 1].ln1_b) + V * lane);
       __syncthreads();  // x
-      if (l + 1 < a.L) {
-        // The next layer's LN1.
-        const PersistentLayer& wn = a.layers[l + 1];
+      if (!last) {
 #pragma unroll 1
         for (int r = warp; r < rows; r += kWideWarps) {
-          float v[V];
-          load_row<V>(v, sX + r * LDX + V * lane);
-          row_ln<V>(v, wn.ln1_w, wn.ln1_b, a.eps, lane);
-          store_row_f16<V>(sHp + r * LDH + V * lane, v);
+          RowVec<V> v;
+          v.load(sX + r * LDX + V * lane);
+          v.layer_norm(lw, lb, a.eps);
+          v.store_a(sH + uint32_t(r * LDH) * 2u, lane);
+        }
+      } else {
+        // The next sequence's first writes (its LN1: sX and sH rows r = warp + 16 i) touch only
+        // rows this warp reads here, and sH's last readers (ffn_in) finished two barriers ago.
+#pragma unroll 1
+        for (int r = warp; r < S; r += kWideWarps) {
+          RowVec<V> v;
+          if (r < len) {
+            v.load(sX + r * LDX + V * lane);
+            v.layer_norm(lw, lb, a.eps);
+          } else {
+            v.zero();
+          }
+          v.store(ys + int64_t(r) * D + V * lane);
         }
       }
-    }
-    // y = LN(x; final_norm) on valid rows, zeros on the others (x complete since the last barrier).
-    // The next sequence's first writes (its LN1: sX and sH rows r = warp + 16 i) touch only rows
-    // this warp reads here, and sH's last readers (ffn_in) finished before two barriers ago.
-#pragma unroll 1
-    for (int r = warp; r < S; r += kWideWarps) {
-      float v[V];
-      if (r < len) {
-        load_row<V>(v, sX + r * LDX + V * lane);
-        row_ln<V>(v, a.final_w, a.final_b, a.eps, lane);
-      } else {
-#pragma unroll
-        for (int i = 0; i < V; ++i) v[i] = 0.f;
-      }
-      store_row<V>(ys + int64_t(r) * D + V * lane, v);
     }
   }
 }

@@ -21,17 +21,36 @@ struct TileAttention {
                      // address: row (lane & 15), column (lane >> 4) * 8
   uint32_t k, v;     // the lane's ldmatrix addresses of key tile 0 (see tile_attention())
   uint32_t kv_tile;  // bytes between key tiles (16 rows of K / V)
-  uint32_t o;        // C-fragment address: row g = lane / 4 of the tile, column 2 (lane % 4)
+  uint32_t o;        // row g = lane / 4 of the tile's o at column 0
   uint32_t o_row8;   // bytes from row g to row g + 8 of o
+  int o_perm;        // 0: o column c at c; else o is an A operand of K = o_perm in the k order of
+                     // perm_col() (model_persistent.cu's column kernel)
 };
 
+// Where logical column c (even) of a K-wide fp16 A operand is stored when its B operand is read
+// with 16-byte loads (K % 16 == 0): within each group of 32 columns, logical 8t + 4s + 2h + i is
+// stored at 16s + 8h + 2t + i, so that ldmatrix hands the lane of quad position t, at k16 step s of
+// the group, the logical columns 8t + 4s + 2h + i of fragment register h: the 8 consecutive
+// weights 8t .. 8t + 7 of a row, one 16-byte load, serve both k steps of the group. A last group
+// of 16 (K % 32 == 16): logical 4t + 2h + i at 8h + 2t + i (8-byte loads).
+__host__ __device__ __forceinline__ int perm_col(int c, int K) {
+  const int base = c & ~31;
+  if (base + 32 <= K) {
+    const int r = c & 31;
+    return base + ((r >> 2) & 1) * 16 + ((r >> 1) & 1) * 8 + (r >> 3) * 2 + (r & 1);
+  }
+  const int r = c & 15;
+  return (c & ~15) + ((r >> 1) & 1) * 8 + (r >> 2) * 2 + (r & 1);
+}
+
 // Addresses of query tile `lt` (rows 16 lt .. of q_base) against the keys / values starting at
-// k_base / v_base (row 0 = the sequence's first key); strides in halves.
+// k_base / v_base (row 0 = the sequence's first key); strides in halves. o over q (the caller may
+// point o elsewhere afterwards).
 template <int HD>
 __device__ __forceinline__ TileAttention tile_attention(uint32_t q_base, int q_stride, uint32_t k_base,
                                                         uint32_t v_base, int kv_stride, int lt, int lane) {
   TileAttention p;
-  const int g = lane >> 2, t = lane & 3;
+  const int g = lane >> 2;
   const int qrow = lt * 16 + (lane & 15);
   if constexpr (HD == 8) {
     p.q = q_base + uint32_t(qrow * q_stride) * 2u;
@@ -46,8 +65,9 @@ __device__ __forceinline__ TileAttention tile_attention(uint32_t q_base, int q_s
     p.v = v_base + uint32_t(((lane & 7) + (((lane >> 3) & 1) << 3)) * kv_stride + (lane >> 4) * 8) * 2u;
   }
   p.kv_tile = uint32_t(16 * kv_stride) * 2u;
-  p.o = q_base + uint32_t((lt * 16 + g) * q_stride + 2 * t) * 2u;
+  p.o = q_base + uint32_t((lt * 16 + g) * q_stride) * 2u;
   p.o_row8 = uint32_t(8 * q_stride) * 2u;
+  p.o_perm = 0;
   return p;
 }
 
@@ -182,7 +202,8 @@ __device__ __forceinline__ void tile_attention_head(const TileAttention& p, int 
   __syncwarp();
 #pragma unroll
   for (int dt = 0; dt < ND; ++dt) {
-    const uint32_t at = p.o + uint32_t(hh * HD + dt * 8) * 2u;
+    const int col = hh * HD + dt * 8 + 2 * t;
+    const uint32_t at = p.o + uint32_t(p.o_perm ? perm_col(col, p.o_perm) : col) * 2u;
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack_half2(o[dt][0] * inv[0], o[dt][1] * inv[0])) : "memory");
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + p.o_row8), "r"(pack_half2(o[dt][2] * inv[1], o[dt][3] * inv[1]))
                  : "memory");
