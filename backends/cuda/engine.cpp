@@ -543,7 +543,8 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
     if (precision == Precision::fast && pin_chains != "off" &&
         ((routes.tune && pin_chains != "post_attn_qkv") || pin_chains == "persistent") &&
         (model_persistent_supports(cfg, S, PersistentKernel::tiles) ||
-         model_persistent_supports(cfg, S, PersistentKernel::columns)))
+         model_persistent_supports(cfg, S, PersistentKernel::columns) ||
+         model_persistent_supports(cfg, S, PersistentKernel::columns_c4)))
       persistent = std::make_unique<PersistentModel>(cfg, *weights);
 #endif
     ctor_weights_ms = ms_since(t);
@@ -1067,10 +1068,16 @@ void CudaEngine::Impl::build_table(Plan& p) {
 #if HK_CUDA_HAVE_MODEL_PERSISTENT
   if (persistent && precision == Precision::fast && pin_chains != "off" &&
       ((routes.tune && pin_chains != "post_attn_qkv") || pin_chains == "persistent")) {
-    // Two kernels (model_persistent.cuh): a warp per row tile (tiles), or a CTA of 16 warps per
-    // sequence splitting every product by columns (columns: short batches).
-    for (PersistentKernel kind : {PersistentKernel::tiles, PersistentKernel::columns}) {
-      if (!model_persistent_supports(cfg, S, kind)) continue;
+    // The kernels of model_persistent.cuh: a warp per row tile (tiles), or 16 warps per CTA
+    // splitting every product by columns, a sequence on one CTA or on a cluster of 2, 4 or 8
+    // (its row tiles dealt out; more CTAs than the sequence has row tiles would idle).
+    for (PersistentKernel kind : {PersistentKernel::tiles, PersistentKernel::columns, PersistentKernel::columns_c2,
+                                  PersistentKernel::columns_c4, PersistentKernel::columns_c8}) {
+      const int ctas = kind == PersistentKernel::columns_c2 ? 2
+                       : kind == PersistentKernel::columns_c4 ? 4
+                       : kind == PersistentKernel::columns_c8 ? 8
+                                                              : 1;
+      if (ctas > (S + 15) / 16 || !model_persistent_supports(cfg, S, kind)) continue;
       Kernel<Ctx> k;
       k.name = model_persistent_name(cfg, kind);
       k.covers = [](const std::vector<Step>&, size_t, const Shape&) { return 0; };
@@ -1078,7 +1085,9 @@ void CudaEngine::Impl::build_table(Plan& p) {
         model_persistent_forward(*E->persistent, E->S, c.x, c.lengths, P->B, c.y, c.stream, kind);
       };
       p.whole_models.push_back(int(t.size()));
-      add(std::move(k), kind == PersistentKernel::tiles ? "persistent" : "persistent.cols",
+      add(std::move(k),
+          kind == PersistentKernel::tiles ? std::string("persistent")
+                                          : "persistent.cols" + (ctas > 1 ? ".c" + std::to_string(ctas) : std::string()),
           {"backends/cuda/model_persistent"});
     }
   } else if (!persistent) {

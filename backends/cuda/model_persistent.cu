@@ -38,6 +38,7 @@
 #include <string>
 
 #include "common.cuh"
+#include "launch.hpp"
 #include "ptx.cuh"
 #include "tile_attention.cuh"
 
@@ -75,6 +76,7 @@ struct Args {
   int st;       // 16-row tiles per sequence
   int pack;     // sequences per pass
   int npasses;  // ceil(B / pack)
+  int cl;       // column kernel: CTAs per sequence (cluster size)
   float eps, scale_log2;
   bool causal;
 };
@@ -489,37 +491,49 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) model_persistent_kernel(
 }
 
 // ---- the column-split kernel ----------------------------------------------------------------------
-// One sequence per CTA of 16 warps. Every product is split over the warps by output columns (n8
-// tiles: warp w takes tiles w, w + 16, ...) and runs over all the sequence's valid row tiles (two
-// at a time), so a short sequence (case 2: 1 x 128 with a few dozen valid rows) still has every
-// warp at work; the B fragments of a warp's columns come from global memory (the weights stay in
+// One sequence per cluster of C CTAs of 16 warps (C = 1: a CTA; C = 2, 4, 8: sm_90 thread-block
+// clusters). CTA rank c owns the sequence's row tiles c, c + C, ... (interleaved: causal work
+// spreads evenly) for the whole forward; only attention needs other rows: each CTA writes the k
+// and v rows it computes into every CTA of the cluster (distributed shared memory), and one
+// cluster barrier per layer publishes them (K / V double-buffered by layer parity when C > 1, so
+// the next layer's writes never meet a slower CTA's reads). Within a CTA every product is split
+// over the warps by output columns (n8 tiles: warp w takes tiles w, w + 16, ...) and runs over
+// the CTA's valid row tiles (two at a time), so a short sequence (case 2: 1 x 128 with a few
+// dozen valid rows) still has every warp at work; the B fragments of a warp's columns come from global memory (the weights stay in
 // L2) straight into registers with 16-byte loads (the A operands h, o, f are stored in the k order
 // of perm_col(), tile_attention.cuh), issued with the epilogue's vectors before the barrier that
 // precedes their product. Attention: (head, query tile) tasks over the warps, longest (causal)
 // first, dealt out in a snake. LayerNorms: row per warp on the fp32 residual, which lives in shared
 // memory (x += c + bias in the product epilogues, the unfused route's order).
-// Shared memory (rows = 16 * ceil(S / 16)):
-//   sX   [rows][D + 4]  fp32 residual
-//   sH   [rows][D + 8]  h (LN output) and o (attention output), fp16, permuted k order: the A
-//                       operand of q/k/v, out_proj and ffn_in
-//   sQKV [rows][3D + 8] q | k | v (fp16, natural order); f (permuted) over k | v
-// Per layer (barriers |): LN1 | qkv | attention | out_proj | LN2 | ffn_in | ffn_out | (next LN1).
+// Shared memory (own rows nl = 16 ceil(ceil(S / 16) / C), all rows = 16 ceil(S / 16)):
+//   sX   [nl][D + 4]          fp32 residual of the own rows
+//   sH   [nl][D + 8]          h (LN output) and o (attention output), fp16, permuted k order: the
+//                             A operand of q/k/v, out_proj and ffn_in
+//   sQ   [nl][max(D, F) + 8]  q (fp16, natural order), then f (permuted): ffn_out's A operand
+//   sKV  [1 or 2][all][2D + 8]  k | v of every row of the sequence (fp16, natural order)
+// Per layer (barriers |, || the cluster's): LN1 | qkv || attention | out_proj | LN2 | ffn_in |
+// ffn_out | (next LN1).
 constexpr int kWideWarps = 16;
 constexpr int kWideThreads = 32 * kWideWarps;
 
 struct WideLayout {
-  uint32_t x, h, qkv, total;
-  int ldx, ldh, ldqkv;  // elements per row
+  uint32_t x, h, q, kv, kv_buf, total;
+  int ldx, ldh, ldq, ldkv;  // elements per row
 };
-__host__ __device__ inline WideLayout wide_layout(int D, int rows) {
+// st: 16-row tiles per sequence; C: CTAs per sequence.
+__host__ __device__ inline WideLayout wide_layout(int D, int F, int st, int C) {
   WideLayout l;
+  const int nl = 16 * ((st + C - 1) / C), all = 16 * st;
   l.ldx = D + 4;
   l.ldh = D + 8;
-  l.ldqkv = 3 * D + 8;
+  l.ldq = (D > F ? D : F) + 8;
+  l.ldkv = 2 * D + 8;
   l.x = 0;
-  l.h = round_up(4u * uint32_t(rows * l.ldx), 128);
-  l.qkv = l.h + round_up(2u * uint32_t(rows * l.ldh), 128);
-  l.total = l.qkv + round_up(2u * uint32_t(rows * l.ldqkv), 128);
+  l.h = round_up(4u * uint32_t(nl * l.ldx), 128);
+  l.q = l.h + round_up(2u * uint32_t(nl * l.ldh), 128);
+  l.kv = l.q + round_up(2u * uint32_t(nl * l.ldq), 128);
+  l.kv_buf = round_up(2u * uint32_t(all * l.ldkv), 128);
+  l.total = l.kv + (C > 1 ? 2u : 1u) * l.kv_buf;
   return l;
 }
 
@@ -655,31 +669,32 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
   static_assert(NJD == 1 && NJF == 1, "one n-tile per warp for the D- and F-wide products");
 
   extern __shared__ __align__(128) unsigned char smem[];
-  const int F = a.F, S = a.S;
-  const WideLayout Lo = wide_layout(D, a.st * 16);
-  const int LDX = Lo.ldx, LDH = Lo.ldh, LDQ = Lo.ldqkv;
+  const int F = a.F, S = a.S, C = a.cl;
+  const WideLayout Lo = wide_layout(D, F, a.st, C);
+  const int LDX = Lo.ldx, LDH = Lo.ldh, LDQ = Lo.ldq, LDKV = Lo.ldkv;
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
+  const int crank = C > 1 ? int(cluster_rank()) : 0;
+  const int cid = int(blockIdx.x) / C, nclusters = int(gridDim.x) / C;
   float* sX = reinterpret_cast<float*>(smem + Lo.x);
   const uint32_t s0 = smem_u32(smem);
-  const uint32_t sH = s0 + Lo.h, sQ = s0 + Lo.qkv;
-  const uint32_t sK = sQ + uint32_t(D) * 2u, sV = sQ + uint32_t(2 * D) * 2u, sF = sK;
-  // ldmatrix A lane addresses (row lane & 15, column (lane >> 4) * 8) of row tile 0, in bytes.
+  const uint32_t sH = s0 + Lo.h, sQ = s0 + Lo.q;
+  // ldmatrix A lane addresses (row lane & 15, column (lane >> 4) * 8) of own row tile 0, in bytes.
   const uint32_t aH = sH + uint32_t((lane & 15) * LDH + (lane >> 4) * 8) * 2u;
-  const uint32_t aF = sF + uint32_t((lane & 15) * LDQ + (lane >> 4) * 8) * 2u;
+  const uint32_t aQ = sQ + uint32_t((lane & 15) * LDQ + (lane >> 4) * 8) * 2u;
   const uint32_t tileH = uint32_t(16 * LDH) * 2u, tileQ = uint32_t(16 * LDQ) * 2u;
   const uint32_t row8H = uint32_t(8 * LDH) * 2u, row8Q = uint32_t(8 * LDQ) * 2u;
   const float sl2 = a.scale_log2;
   const int nj_q = (NQ - warp + kWideWarps - 1) / kWideWarps;  // this warp's q | k | v tiles
   const int colD = 8 * warp + 2 * t;                           // out_proj / ffn_out / ffn_in column
 
-  // x += c + bias over this warp's columns of row tiles mt, mt + 1 (`two`).
-  auto add_residual = [&](const float (&c)[2][1][4], int mt, bool two, float2 bv) {
+  // x += c + bias over this warp's columns of own row tiles i, i + 1 (`two`).
+  auto add_residual = [&](const float (&c)[2][1][4], int i, bool two, float2 bv) {
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
       if (m == 0 || two) {
-        float2* x0 = reinterpret_cast<float2*>(sX + (16 * (mt + m) + g) * LDX + colD);
-        float2* x1 = reinterpret_cast<float2*>(sX + (16 * (mt + m) + g + 8) * LDX + colD);
+        float2* x0 = reinterpret_cast<float2*>(sX + (16 * (i + m) + g) * LDX + colD);
+        float2* x1 = reinterpret_cast<float2*>(sX + (16 * (i + m) + g + 8) * LDX + colD);
         float2 v0 = *x0, v1 = *x1;
         v0.x += c[m][0][0] + bv.x;
         v0.y += c[m][0][1] + bv.y;
@@ -690,12 +705,31 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
       }
     }
   };
+  // Global row of own row lr (own tile lr / 16 is the sequence's tile crank + C (lr / 16)).
+  auto grow = [&](int lr) { return 16 * (crank + C * (lr >> 4)) + (lr & 15); };
 
+  // Weights, biases and LayerNorm vectors of each phase are loaded one phase ahead (registers;
+  // the weights stay in L2): at 1-2 row tiles per CTA a phase is shorter than an L2 round trip.
+  const int qcol0 = 8 * warp + 2 * t;  // this warp's q | k | v columns: qcol0 + 128 j
+  uint32_t bq[NJQ][KSD][2];
+  float2 bias_q[NJQ];
+  auto load_qkv = [&](const PersistentLayer& w) {
+    load_b<NJQ, KSD>(bq, w.w_qkv, D, NQ, warp, lane);
+#pragma unroll
+    for (int j = 0; j < NJQ; ++j)
+      bias_q[j] = j < nj_q ? __half22float2(__ldg(reinterpret_cast<const __half2*>(w.b_qkv + qcol0 + 8 * kWideWarps * j)))
+                           : make_float2(0.f, 0.f);
+  };
+  load_qkv(a.layers[0]);
+
+  pdl_wait();  // x, lengths and y belong to the stream's earlier work (weights may be read before)
+  int kvpar = 0;  // K / V buffer of the current layer (C > 1: alternates layer by layer)
 #pragma unroll 1
-  for (int b = int(blockIdx.x); b < a.B; b += int(gridDim.x)) {
+  for (int b = cid; b < a.B; b += nclusters) {
     const int len = seq_len(a, b);
-    const int mt_n = (len + 15) >> 4;  // row tiles with valid rows
-    const int rows = 16 * mt_n;
+    const int mt_n = (len + 15) >> 4;                                 // row tiles with valid rows
+    const int n_loc = mt_n > crank ? (mt_n - crank + C - 1) / C : 0;  // of them, this CTA's
+    const int rows = 16 * n_loc;
     const float* xs = a.x + int64_t(b) * S * D;
     float* ys = a.y + int64_t(b) * S * D;
 
@@ -707,7 +741,8 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
 #pragma unroll 1
       for (int r = warp; r < rows; r += kWideWarps) {
         RowVec<V> v;
-        if (r < len) v.load(xs + int64_t(r) * D + V * lane);
+        const int gr = grow(r);
+        if (gr < len) v.load(xs + int64_t(gr) * D + V * lane);
         else v.zero();
         v.store(sX + r * LDX + V * lane);
         v.layer_norm(w, bb, a.eps);
@@ -718,48 +753,76 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
 #pragma unroll 1
     for (int l = 0; l < a.L; ++l) {
       const PersistentLayer& w = a.layers[l];
-      // q | k | v = fp16(h Wqkv^T + b), natural column order.
+      const bool last = l + 1 == a.L;
+      const PersistentLayer& wn = a.layers[last ? 0 : l + 1];  // the next layer (of the next sequence)
+      const uint32_t sK = s0 + Lo.kv + uint32_t(kvpar) * Lo.kv_buf, sV = sK + uint32_t(D) * 2u;
+      uint32_t bo[NJD][KSD][2];
+      float2 bias_o;
+      auto load_o = [&] {
+        load_b<NJD, KSD>(bo, w.w_o, D, D / 8, warp, lane);
+        bias_o = warp < D / 8 ? __ldg(reinterpret_cast<const float2*>(w.b_o + colD)) : make_float2(0.f, 0.f);
+      };
+      // q (own rows, natural order) | k | v (every CTA of the cluster, global rows) = fp16(h Wqkv^T + b).
       {
-        uint32_t bq[NJQ][KSD][2];
-        load_b<NJQ, KSD>(bq, w.w_qkv, D, NQ, warp, lane);
-        float2 bias[NJQ];
-#pragma unroll
-        for (int j = 0; j < NJQ; ++j)
-          bias[j] = j < nj_q ? __half22float2(*reinterpret_cast<const __half2*>(w.b_qkv + 8 * (warp + kWideWarps * j) + 2 * t))
-                             : make_float2(0.f, 0.f);
         __syncthreads();  // h
 #pragma unroll 1
-        for (int mt = 0; mt < mt_n; mt += 2) {
-          const bool two = mt + 1 < mt_n;
+        for (int i = 0; i < n_loc; i += 2) {
+          const bool two = i + 1 < n_loc;
           float c[2][NJQ][4];
-          mma_rows2<NJQ, KSD>(c, aH + uint32_t(mt) * tileH, aH + uint32_t(mt + 1) * tileH, two, bq, KSD, nj_q);
+          mma_rows2<NJQ, KSD>(c, aH + uint32_t(i) * tileH, aH + uint32_t(i + 1) * tileH, two, bq, KSD, nj_q);
 #pragma unroll
           for (int m = 0; m < 2; ++m) {
             if (m == 0 || two) {
+              const int gr = 16 * (crank + C * (i + m)) + g;  // global row of c[m][*][0..1]
 #pragma unroll
               for (int j = 0; j < NJQ; ++j) {
                 if (j < nj_q) {
-                  const uint32_t at =
-                      sQ + uint32_t((16 * (mt + m) + g) * LDQ + 8 * (warp + kWideWarps * j) + 2 * t) * 2u;
-                  st_shared_u32(at, pack_half2(c[m][j][0] + bias[j].x, c[m][j][1] + bias[j].y));
-                  st_shared_u32(at + row8Q, pack_half2(c[m][j][2] + bias[j].x, c[m][j][3] + bias[j].y));
+                  const int col = qcol0 + 8 * kWideWarps * j;
+                  const uint32_t v0 = pack_half2(c[m][j][0] + bias_q[j].x, c[m][j][1] + bias_q[j].y);
+                  const uint32_t v1 = pack_half2(c[m][j][2] + bias_q[j].x, c[m][j][3] + bias_q[j].y);
+                  if (col < D) {
+                    const uint32_t at = sQ + uint32_t((16 * (i + m) + g) * LDQ + col) * 2u;
+                    st_shared_u32(at, v0);
+                    st_shared_u32(at + row8Q, v1);
+                  } else {
+                    const uint32_t at = sK + uint32_t(gr * LDKV + col - D) * 2u;
+                    const uint32_t r8 = uint32_t(8 * LDKV) * 2u;
+                    if (C == 1) {
+                      st_shared_u32(at, v0);
+                      st_shared_u32(at + r8, v1);
+                    } else {
+#pragma unroll 1
+                      for (int r = 0; r < C; ++r) {
+                        const uint32_t rat = cluster_map(at, uint32_t(r));
+                        st_cluster_u32(rat, v0);
+                        st_cluster_u32(rat + r8, v1);
+                      }
+                    }
+                  }
                 }
               }
             }
           }
         }
+        // head_dim 128: not across the attention (its O accumulator alone is 64 registers).
+        if constexpr (HD < 128) load_o();
       }
-      __syncthreads();  // q, k, v (and every read of h)
-      // Attention: task i -> (query tile mt_n - 1 - i / H, head i % H); o -> sH (perm_col order).
+      // q, k, v (and every read of h). With C > 1 the cluster's barrier: every CTA's k, v rows.
+      if (C > 1) cluster_sync();
+      else __syncthreads();
+      // Attention: task i -> (own tile n_loc - 1 - i / H, head i % H); o -> sH (perm_col order).
       {
-        const int ntasks = H * mt_n;
+        const int ntasks = H * n_loc;
 #pragma unroll 1
         for (int k = 0; k * kWideWarps < ntasks; ++k) {
           const int i = k * kWideWarps + ((k & 1) ? kWideWarps - 1 - warp : warp);
           if (i < ntasks) {
-            const int lt = mt_n - 1 - i / H, hh = i - (i / H) * H;
-            TileAttention att = tile_attention<HD>(sQ, LDQ, sK, sV, LDQ, lt, lane);
-            att.o = sH + uint32_t((lt * 16 + g) * LDH) * 2u;
+            const int li = n_loc - 1 - i / H, hh = i - (i / H) * H;
+            const int lt = crank + C * li;  // the tile in the sequence
+            // q of own tile li sits at row 16 li; tile_attention addresses row 16 lt of its base.
+            TileAttention att =
+                tile_attention<HD>(sQ + uint32_t((16 * li - 16 * lt) * LDQ) * 2u, LDQ, sK, sV, LDKV, lt, lane);
+            att.o = sH + uint32_t((li * 16 + g) * LDH) * 2u;
             att.o_row8 = row8H;
             att.o_perm = D;
             tile_attention_head<HD, (HD < 64), (HD < 128 ? 2 : 1)>(att, hh, lt, len, a.causal, sl2, lane);
@@ -767,81 +830,82 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
         }
       }
       // x += o Wo^T + bo.
+      uint32_t bi[NJF][KSD][2];
+      float2 bias_i;
+      RowVec<V> ln2w, ln2b;
       {
-        uint32_t bo[NJD][KSD][2];
-        load_b<NJD, KSD>(bo, w.w_o, D, D / 8, warp, lane);
-        const float2 bv = warp < D / 8 ? __ldg(reinterpret_cast<const float2*>(w.b_o + colD)) : make_float2(0.f, 0.f);
+        if constexpr (HD >= 128) load_o();
         __syncthreads();  // o
         if (warp < D / 8) {
 #pragma unroll 1
-          for (int mt = 0; mt < mt_n; mt += 2) {
-            const bool two = mt + 1 < mt_n;
+          for (int i = 0; i < n_loc; i += 2) {
+            const bool two = i + 1 < n_loc;
             float c[2][NJD][4];
-            mma_rows2<NJD, KSD>(c, aH + uint32_t(mt) * tileH, aH + uint32_t(mt + 1) * tileH, two, bo, KSD, 1);
-            add_residual(c, mt, two, bv);
+            mma_rows2<NJD, KSD>(c, aH + uint32_t(i) * tileH, aH + uint32_t(i + 1) * tileH, two, bo, KSD, 1);
+            add_residual(c, i, two, bias_o);
           }
         }
+        load_b<NJF, KSD>(bi, w.w_in, D, F / 8, warp, lane);
+        bias_i = warp < F / 8 ? __half22float2(__ldg(reinterpret_cast<const __half2*>(w.b_in + colD)))
+                              : make_float2(0.f, 0.f);
+        ln2w.load_ldg(w.ln2_w + V * lane);
+        ln2b.load_ldg(w.ln2_b + V * lane);
       }
       // h = LN2(x).
       {
-        RowVec<V> lw, lb;
-        lw.load_ldg(w.ln2_w + V * lane);
-        lb.load_ldg(w.ln2_b + V * lane);
         __syncthreads();  // x (and every read of o)
 #pragma unroll 1
         for (int r = warp; r < rows; r += kWideWarps) {
           RowVec<V> v;
           v.load(sX + r * LDX + V * lane);
-          v.layer_norm(lw, lb, a.eps);
+          v.layer_norm(ln2w, ln2b, a.eps);
           v.store_a(sH + uint32_t(r * LDH) * 2u, lane);
         }
       }
-      // f = fp16(GELU(fp16(h Wi^T + bi))) over k | v, perm_col order over K = F.
+      // f = fp16(GELU(fp16(h Wi^T + bi))) over q, perm_col order over K = F.
+      uint32_t bf[NJD][KSF][2];
+      float2 bias_f;
       {
-        uint32_t bi[NJF][KSD][2];
-        load_b<NJF, KSD>(bi, w.w_in, D, F / 8, warp, lane);
-        const float2 bv = warp < F / 8 ? __half22float2(*reinterpret_cast<const __half2*>(w.b_in + colD))
-                                       : make_float2(0.f, 0.f);
-        __syncthreads();  // h
+        __syncthreads();  // h (and every read of q)
         if (warp < F / 8) {
           const uint32_t fcol = uint32_t(perm_col(colD, F)) * 2u;
 #pragma unroll 1
-          for (int mt = 0; mt < mt_n; mt += 2) {
-            const bool two = mt + 1 < mt_n;
+          for (int i = 0; i < n_loc; i += 2) {
+            const bool two = i + 1 < n_loc;
             float c[2][NJF][4];
-            mma_rows2<NJF, KSD>(c, aH + uint32_t(mt) * tileH, aH + uint32_t(mt + 1) * tileH, two, bi, KSD, 1);
+            mma_rows2<NJF, KSD>(c, aH + uint32_t(i) * tileH, aH + uint32_t(i + 1) * tileH, two, bi, KSD, 1);
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
               if (m == 0 || two) {
-                const uint32_t at = sF + uint32_t((16 * (mt + m) + g) * LDQ) * 2u + fcol;
-                st_shared_u32(at, pack_half2(gelu_of_f16(c[m][0][0] + bv.x), gelu_of_f16(c[m][0][1] + bv.y)));
-                st_shared_u32(at + row8Q, pack_half2(gelu_of_f16(c[m][0][2] + bv.x), gelu_of_f16(c[m][0][3] + bv.y)));
+                const uint32_t at = sQ + uint32_t((16 * (i + m) + g) * LDQ) * 2u + fcol;
+                st_shared_u32(at, pack_half2(gelu_of_f16(c[m][0][0] + bias_i.x), gelu_of_f16(c[m][0][1] + bias_i.y)));
+                st_shared_u32(at + row8Q,
+                              pack_half2(gelu_of_f16(c[m][0][2] + bias_i.x), gelu_of_f16(c[m][0][3] + bias_i.y)));
               }
             }
           }
         }
+        load_b<NJD, KSF>(bf, w.w_out, F, D / 8, warp, lane);
+        bias_f = warp < D / 8 ? __ldg(reinterpret_cast<const float2*>(w.b_out + colD)) : make_float2(0.f, 0.f);
       }
       // x += f Wf^T + bf.
+      RowVec<V> lw, lb;
       {
-        uint32_t bf[NJD][KSF][2];
-        load_b<NJD, KSF>(bf, w.w_out, F, D / 8, warp, lane);
-        const float2 bv = warp < D / 8 ? __ldg(reinterpret_cast<const float2*>(w.b_out + colD)) : make_float2(0.f, 0.f);
         __syncthreads();  // f
         if (warp < D / 8) {
 #pragma unroll 1
-          for (int mt = 0; mt < mt_n; mt += 2) {
-            const bool two = mt + 1 < mt_n;
+          for (int i = 0; i < n_loc; i += 2) {
+            const bool two = i + 1 < n_loc;
             float c[2][NJD][4];
-            mma_rows2<NJD, KSF>(c, aF + uint32_t(mt) * tileQ, aF + uint32_t(mt + 1) * tileQ, two, bf, F / 16, 1);
-            add_residual(c, mt, two, bv);
+            mma_rows2<NJD, KSF>(c, aQ + uint32_t(i) * tileQ, aQ + uint32_t(i + 1) * tileQ, two, bf, F / 16, 1);
+            add_residual(c, i, two, bias_f);
           }
         }
+        load_qkv(wn);
+        lw.load_ldg((last ? a.final_w : wn.ln1_w) + V * lane);
+        lb.load_ldg((last ? a.final_b : wn.ln1_b) + V * lane);
       }
       // The next layer's LN1, or the final LayerNorm into y (valid rows; zeros on the others).
-      const bool last = l + 1 == a.L;
-      RowVec<V> lw, lb;
-      lw.load_ldg((last ? a.final_w : a.layers[l + 1].ln1_w) + V * lane);
-      lb.load_ldg((last ? a.final_b : a.layers[l + 1].ln1_b) + V * lane);
       __syncthreads();  // x
       if (!last) {
 #pragma unroll 1
@@ -852,20 +916,24 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
           v.store_a(sH + uint32_t(r * LDH) * 2u, lane);
         }
       } else {
-        // The next sequence's first writes (its LN1: sX and sH rows r = warp + 16 i) touch only
-        // rows this warp reads here, and sH's last readers (ffn_in) finished two barriers ago.
+        // Every row of the CTA's tiles of the sequence (tiles crank, crank + C, ... below S). The
+        // next sequence's first writes (its LN1: sX and sH rows r = warp + 16 i) touch only rows
+        // this warp reads here, and sH's last readers (ffn_in) finished two barriers ago.
 #pragma unroll 1
-        for (int r = warp; r < S; r += kWideWarps) {
+        for (int r = warp;; r += kWideWarps) {
+          const int gr = grow(r);
+          if (gr >= S) break;
           RowVec<V> v;
-          if (r < len) {
+          if (gr < len) {
             v.load(sX + r * LDX + V * lane);
             v.layer_norm(lw, lb, a.eps);
           } else {
             v.zero();
           }
-          v.store(ys + int64_t(r) * D + V * lane);
+          v.store(ys + int64_t(gr) * D + V * lane);
         }
       }
+      if (C > 1) kvpar ^= 1;
     }
   }
 }
@@ -873,8 +941,19 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
 // ---- launch layer -----------------------------------------------------------------------------------
 using KernelFn = void (*)(Args);
 
+// CTAs per sequence of a column kernel (0: the tile kernel).
+int cluster_of(PersistentKernel kind) {
+  switch (kind) {
+    case PersistentKernel::columns: return 1;
+    case PersistentKernel::columns_c2: return 2;
+    case PersistentKernel::columns_c4: return 4;
+    case PersistentKernel::columns_c8: return 8;
+    default: return 0;
+  }
+}
+
 KernelFn kernel_of(int D, int hd, PersistentKernel kind = PersistentKernel::tiles) {
-  const bool cols = kind == PersistentKernel::columns;
+  const bool cols = cluster_of(kind) > 0;
   if (D == 128) {
     switch (hd) {
       case 8: return cols ? model_wide_kernel<128, 8> : model_persistent_kernel<128, 8>;
@@ -899,6 +978,7 @@ KernelFn kernel_of(int D, int hd, PersistentKernel kind = PersistentKernel::tile
 
 struct DeviceInfo {
   int sms = 0;
+  int cc_major = 0;
   size_t smem_optin = 0;
 };
 // The current device at first use (the backend runs on one device per process). Without a usable
@@ -906,14 +986,16 @@ struct DeviceInfo {
 const DeviceInfo& device_info() {
   static const DeviceInfo info = [] {
     DeviceInfo d;
-    int dev = 0, sms = 0, optin = 0;
+    int dev = 0, sms = 0, optin = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
       cudaGetLastError();  // clear the non-sticky error
       return d;
     }
     d.sms = sms;
+    d.cc_major = major;
     d.smem_optin = size_t(optin);
     return d;
   }();
@@ -924,7 +1006,7 @@ const DeviceInfo& device_info() {
 void ensure_smem_limits() {
   static const bool done = [] {
     const int bytes = int(device_info().smem_optin);
-    for (PersistentKernel kind : {PersistentKernel::tiles, PersistentKernel::columns})
+    for (PersistentKernel kind : {PersistentKernel::tiles, PersistentKernel::columns})  // one per family
       for (int D : {64, 128})
         for (int hd : {8, 16, 32, 64, 128})
           if (KernelFn k = kernel_of(D, hd, kind))
@@ -945,7 +1027,7 @@ bool shape_supported(const ModelConfig& c, int S) {
 }
 
 size_t smem_for(const ModelConfig& c, int S, int pack, PersistentKernel kind = PersistentKernel::tiles) {
-  if (kind == PersistentKernel::columns) return wide_layout(c.d_model, tiles_of(S) * 16).total;
+  if (const int C = cluster_of(kind)) return wide_layout(c.d_model, c.ffn_dim, tiles_of(S), C).total;
   return layout(c.d_model, c.ffn_dim, pack * tiles_of(S) * 16).total;
 }
 
@@ -969,6 +1051,7 @@ std::vector<PersistentLayer> persistent_layer_table(const DeviceWeights& w, int 
 bool model_persistent_supports(const ModelConfig& config, int S, PersistentKernel kind) {
   if (!shape_supported(config, S)) return false;
   if (device_info().sms == 0 || smem_for(config, S, 1, kind) > device_info().smem_optin) return false;
+  if (cluster_of(kind) > 1 && device_info().cc_major < 9) return false;  // thread-block clusters
   ensure_smem_limits();
   return true;
 }
@@ -1022,8 +1105,8 @@ void model_persistent_forward(const PersistentModel& model, int S, const float* 
   a.eps = float(c.eps);
   a.scale_log2 = float(1.0 / std::sqrt(double(c.head_dim()))) * kLog2e;
   a.causal = c.causal;
-  if (kind == PersistentKernel::columns) {
-    // One sequence per CTA, a grid of one wave looping over the batch.
+  if (const int C = cluster_of(kind)) {
+    // One sequence per cluster of C CTAs, a grid of one wave of clusters looping over the batch.
     const KernelFn kernel = kernel_of(c.d_model, c.head_dim(), kind);
     const size_t smem = smem_for(c, S, 1, kind);
     int occ = 0;
@@ -1031,9 +1114,11 @@ void model_persistent_forward(const PersistentModel& model, int S, const float* 
     if (occ < 1) fail("kernel does not fit on an SM");
     a.pack = 1;
     a.npasses = B;
-    const int grid = int(std::min<int64_t>(B, int64_t(occ) * dev.sms));
-    kernel<<<unsigned(grid), kWideThreads, smem, stream>>>(a);
-    HK_CUDA_CHECK_LAUNCH();
+    a.cl = C;
+    const int64_t clusters = std::min<int64_t>(B, std::max<int64_t>(1, int64_t(occ) * dev.sms / C));
+    const dim3 grid(unsigned(clusters * C));
+    if (C == 1) launch_pdl(kernel, grid, dim3(kWideThreads), smem, stream, a);
+    else launch_pdl_cluster(kernel, grid, dim3(kWideThreads), dim3(unsigned(C)), smem, stream, a);
     return;
   }
   // Sequences per pass: as many as fill one wave of CTAs first, then packed into the 8 tiles.
@@ -1057,10 +1142,17 @@ void model_persistent_forward(const PersistentModel& model, int S, const float* 
 }
 
 const char* model_persistent_name(const ModelConfig& config, PersistentKernel kind) {
-  const bool cols = kind == PersistentKernel::columns;
+  static const char* const names[2][5] = {
+      {"hk::model[cuda.persistent.d64]", "hk::model[cuda.persistent.cols.d64]", "hk::model[cuda.persistent.cols.c2.d64]",
+       "hk::model[cuda.persistent.cols.c4.d64]", "hk::model[cuda.persistent.cols.c8.d64]"},
+      {"hk::model[cuda.persistent.d128]", "hk::model[cuda.persistent.cols.d128]",
+       "hk::model[cuda.persistent.cols.c2.d128]", "hk::model[cuda.persistent.cols.c4.d128]",
+       "hk::model[cuda.persistent.cols.c8.d128]"}};
+  const int k = int(kind);
+  if (k < 0 || k > 4) return "";
   switch (config.d_model) {
-    case 64: return cols ? "hk::model[cuda.persistent.cols.d64]" : "hk::model[cuda.persistent.d64]";
-    case 128: return cols ? "hk::model[cuda.persistent.cols.d128]" : "hk::model[cuda.persistent.d128]";
+    case 64: return names[0][k];
+    case 128: return names[1][k];
     default: return "";
   }
 }

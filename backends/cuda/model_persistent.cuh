@@ -18,8 +18,11 @@
 //            L2 into registers), attention split into (head, query tile) tasks, LayerNorms row per
 //            warp on an fp32 residual in shared memory. A short batch (case 2: one sequence of a
 //            few dozen valid rows) still has 16 warps at work per sequence.
-//   Shared memory of columns (rows = 16 ceil(S / 16)): rows * ((D + 4) * 4 + (D + 8) * 2 +
-//   (3D + 8) * 2) bytes: 202,752 at D = 128, S = 128; the same D / head_dim / F / S limits.
+//   Shared memory of columns (own rows nl = 16 ceil(ceil(S / 16) / N) for N CTAs per sequence, all
+//   rows = 16 ceil(S / 16)): nl ((D + 4) 4 + (D + 8) 2 + (max(D, F) + 8) 2) + (N > 1 ? 2 : 1) all
+//   (2D + 8) 2 bytes: 204,800 at D = F = 128, S = 128, N = 1 (170,496 at N = 4); the same D /
+//   head_dim / F / S limits. Launched with programmatic dependent launch (it waits for the
+//   stream's earlier kernels before reading x).
 // Host-compilable header: declarations only; the kernels and the launch layer are in
 // model_persistent.cu.
 //
@@ -72,7 +75,10 @@ struct PersistentLayer {
   const float* b_out;    // [D]
 };
 
-enum class PersistentKernel { tiles, columns };
+// columns_cN: the column kernel with each sequence split over a thread-block cluster of N CTAs
+// (compute capability 9.0+): CTA rank c owns row tiles c, c + N, ...; k / v rows reach every CTA
+// of the cluster through distributed shared memory.
+enum class PersistentKernel { tiles, columns, columns_c2, columns_c4, columns_c8 };
 
 // The host table of the first `layers` layers of `weights` (fp16 weights required:
 // Precision::fast). Throws std::invalid_argument for fp32 weights, std::out_of_range when
@@ -117,7 +123,7 @@ void model_persistent_forward(const PersistentModel& model, int S, const float* 
                               float* y, cudaStream_t stream, PersistentKernel kind = PersistentKernel::tiles);
 
 // Profiler name: "hk::model[cuda.persistent.d128]" / "...d64]" (tiles), "hk::model[cuda.persistent.cols.d128]" /
-// "...cols.d64]" (columns); "" when D is not served.
+// "...cols.d64]" (columns), "...cols.c4.d128]" (columns_c4, ...); "" when D is not served.
 const char* model_persistent_name(const ModelConfig& config, PersistentKernel kind = PersistentKernel::tiles);
 
 }  // namespace hk::cuda

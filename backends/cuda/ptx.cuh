@@ -84,8 +84,8 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 // Thread-block clusters (sm_90+; launch.hpp: launch_pdl_cluster). cluster_sync: every thread of
 // every CTA of the cluster arrives (release) and waits (acquire), so shared-memory writes made
 // before it are visible to the other CTAs after it. cluster_map: the address of the same shared
-// variable in the CTA of cluster rank `rank` (shared::cluster window); ld_cluster_*: loads from
-// such an address. Compile to a trap before sm_90 (a cluster kernel is never launched there).
+// variable in the CTA of cluster rank `rank` (shared::cluster window); ld_cluster_* /
+// st_cluster_*: loads from / stores to such an address. Compile to a trap before sm_90 (a cluster kernel is never launched there).
 __device__ __forceinline__ void cluster_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
@@ -122,6 +122,24 @@ __device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr) {
   __trap();
 #endif
   return v;
+}
+
+__device__ __forceinline__ void st_cluster_u32(uint32_t addr, uint32_t v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+#else
+  __trap();
+#endif
+}
+// This CTA's rank in its cluster (0 outside clusters; a trap before sm_90).
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+#else
+  __trap();
+#endif
+  return r;
 }
 
 // Sums of a and b over the 4 lanes of the caller's quad (the lanes holding one row pair of an

@@ -59,7 +59,17 @@ bool g_full_smem = true;
 // The kernel under test (model_persistent.cuh: tiles, columns); main runs every check for each.
 hk::cuda::PersistentKernel g_kind = hk::cuda::PersistentKernel::tiles;
 const char* kind_name(hk::cuda::PersistentKernel k) {
-  return k == hk::cuda::PersistentKernel::tiles ? "tiles" : "columns";
+  switch (k) {
+    case hk::cuda::PersistentKernel::tiles: return "tiles";
+    case hk::cuda::PersistentKernel::columns: return "columns";
+    case hk::cuda::PersistentKernel::columns_c2: return "columns, 2-CTA clusters";
+    case hk::cuda::PersistentKernel::columns_c4: return "columns, 4-CTA clusters";
+    default: return "columns, 8-CTA clusters";
+  }
+}
+bool needs_clusters(hk::cuda::PersistentKernel k) {
+  return k == hk::cuda::PersistentKernel::columns_c2 || k == hk::cuda::PersistentKernel::columns_c4 ||
+         k == hk::cuda::PersistentKernel::columns_c8;
 }
 
 constexpr size_t kGuard = 4096;          // floats of guard space before and after x and y
@@ -434,6 +444,8 @@ bool argument_contract() {
         "hk::model[cuda.persistent.cols.d64]";
   ok &= std::string(hk::cuda::model_persistent_name(config(128, 4, 128, 4, true), hk::cuda::PersistentKernel::columns)) ==
         "hk::model[cuda.persistent.cols.d128]";
+  ok &= std::string(hk::cuda::model_persistent_name(cfg, hk::cuda::PersistentKernel::columns_c4)) ==
+        "hk::model[cuda.persistent.cols.c4.d64]";
   return ok;
 }
 
@@ -657,10 +669,17 @@ int main() {
   // skipped and listed as such.
   long long max_tokens = -1;
   if (const char* mt = std::getenv("HK_TEST_MAX_TOKENS"); mt && *mt) max_tokens = std::atoll(mt);
-  const hk::cuda::PersistentKernel kinds[] = {hk::cuda::PersistentKernel::tiles, hk::cuda::PersistentKernel::columns};
+  const hk::cuda::PersistentKernel kinds[] = {hk::cuda::PersistentKernel::tiles, hk::cuda::PersistentKernel::columns,
+                                              hk::cuda::PersistentKernel::columns_c2, hk::cuda::PersistentKernel::columns_c4,
+                                              hk::cuda::PersistentKernel::columns_c8};
+  const bool clusters = prop.major >= 9;
   for (const hk::cuda::PersistentKernel kind : kinds) {
     g_kind = kind;
     std::printf("\n== kernel: %s\n", kind_name(kind));
+    if (needs_clusters(kind) && !clusters) {
+      std::printf("skipped: thread-block clusters need compute capability 9.0\n");
+      continue;
+    }
     std::printf("\n%-4s %-14s %-5s %-4s %-4s %-3s %-4s %-2s %-3s %-5s %-5s %-6s %-5s %-9s %-8s %-5s %-5s %-5s %-5s %s\n",
                 "#", "case", "B", "S", "D", "H", "F", "L", "cau", "lens", "alias", "graph", "seqs", "max_err", "ratio",
                 "bad", "unwr", "pad", "guard", "result");
@@ -706,11 +725,13 @@ int main() {
     const int B = std::string(s.name) == "case11" ? 1024 : s.B;
     for (const bool null_lengths : {false, true})
       for (const hk::cuda::PersistentKernel kind : kinds) {
+        if (needs_clusters(kind) && !clusters) continue;
         g_kind = kind;
         time_case(s.name, B, s.S, s.D, s.H, s.F, s.L, s.causal, null_lengths);
       }
   }
   for (const hk::cuda::PersistentKernel kind : kinds) {
+    if (needs_clusters(kind) && !clusters) continue;
     g_kind = kind;
     time_case("case6", 10000, 128, 128, 4, 128, 4, true, false);
   }
