@@ -708,20 +708,6 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
   // Global row of own row lr (own tile lr / 16 is the sequence's tile crank + C (lr / 16)).
   auto grow = [&](int lr) { return 16 * (crank + C * (lr >> 4)) + (lr & 15); };
 
-  // Weights, biases and LayerNorm vectors of each phase are loaded one phase ahead (registers;
-  // the weights stay in L2): at 1-2 row tiles per CTA a phase is shorter than an L2 round trip.
-  const int qcol0 = 8 * warp + 2 * t;  // this warp's q | k | v columns: qcol0 + 128 j
-  uint32_t bq[NJQ][KSD][2];
-  float2 bias_q[NJQ];
-  auto load_qkv = [&](const PersistentLayer& w) {
-    load_b<NJQ, KSD>(bq, w.w_qkv, D, NQ, warp, lane);
-#pragma unroll
-    for (int j = 0; j < NJQ; ++j)
-      bias_q[j] = j < nj_q ? __half22float2(__ldg(reinterpret_cast<const __half2*>(w.b_qkv + qcol0 + 8 * kWideWarps * j)))
-                           : make_float2(0.f, 0.f);
-  };
-  load_qkv(a.layers[0]);
-
   pdl_wait();  // x, lengths and y belong to the stream's earlier work (weights may be read before)
   int kvpar = 0;  // K / V buffer of the current layer (C > 1: alternates layer by layer)
 #pragma unroll 1
@@ -753,17 +739,19 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
 #pragma unroll 1
     for (int l = 0; l < a.L; ++l) {
       const PersistentLayer& w = a.layers[l];
-      const bool last = l + 1 == a.L;
-      const PersistentLayer& wn = a.layers[last ? 0 : l + 1];  // the next layer (of the next sequence)
       const uint32_t sK = s0 + Lo.kv + uint32_t(kvpar) * Lo.kv_buf, sV = sK + uint32_t(D) * 2u;
-      uint32_t bo[NJD][KSD][2];
-      float2 bias_o;
-      auto load_o = [&] {
-        load_b<NJD, KSD>(bo, w.w_o, D, D / 8, warp, lane);
-        bias_o = warp < D / 8 ? __ldg(reinterpret_cast<const float2*>(w.b_o + colD)) : make_float2(0.f, 0.f);
-      };
       // q (own rows, natural order) | k | v (every CTA of the cluster, global rows) = fp16(h Wqkv^T + b).
+      // Each phase's weights and vectors are loaded just before the barrier that precedes it
+      // (loading them a phase earlier, across the previous phase, measured slower at D = 128:
+      // the registers are at the 128 of 16 warps).
       {
+        uint32_t bq[NJQ][KSD][2];
+        load_b<NJQ, KSD>(bq, w.w_qkv, D, NQ, warp, lane);
+        float2 bias[NJQ];
+#pragma unroll
+        for (int j = 0; j < NJQ; ++j)
+          bias[j] = j < nj_q ? __half22float2(*reinterpret_cast<const __half2*>(w.b_qkv + 8 * (warp + kWideWarps * j) + 2 * t))
+                             : make_float2(0.f, 0.f);
         __syncthreads();  // h
 #pragma unroll 1
         for (int i = 0; i < n_loc; i += 2) {
@@ -777,9 +765,9 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
 #pragma unroll
               for (int j = 0; j < NJQ; ++j) {
                 if (j < nj_q) {
-                  const int col = qcol0 + 8 * kWideWarps * j;
-                  const uint32_t v0 = pack_half2(c[m][j][0] + bias_q[j].x, c[m][j][1] + bias_q[j].y);
-                  const uint32_t v1 = pack_half2(c[m][j][2] + bias_q[j].x, c[m][j][3] + bias_q[j].y);
+                  const int col = 8 * (warp + kWideWarps * j) + 2 * t;
+                  const uint32_t v0 = pack_half2(c[m][j][0] + bias[j].x, c[m][j][1] + bias[j].y);
+                  const uint32_t v1 = pack_half2(c[m][j][2] + bias[j].x, c[m][j][3] + bias[j].y);
                   if (col < D) {
                     const uint32_t at = sQ + uint32_t((16 * (i + m) + g) * LDQ + col) * 2u;
                     st_shared_u32(at, v0);
@@ -804,8 +792,6 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
             }
           }
         }
-        // head_dim 128: not across the attention (its O accumulator alone is 64 registers).
-        if constexpr (HD < 128) load_o();
       }
       // q, k, v (and every read of h). With C > 1 the cluster's barrier: every CTA's k, v rows.
       if (C > 1) cluster_sync();
@@ -830,11 +816,10 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
         }
       }
       // x += o Wo^T + bo.
-      uint32_t bi[NJF][KSD][2];
-      float2 bias_i;
-      RowVec<V> ln2w, ln2b;
       {
-        if constexpr (HD >= 128) load_o();
+        uint32_t bo[NJD][KSD][2];
+        load_b<NJD, KSD>(bo, w.w_o, D, D / 8, warp, lane);
+        const float2 bv = warp < D / 8 ? __ldg(reinterpret_cast<const float2*>(w.b_o + colD)) : make_float2(0.f, 0.f);
         __syncthreads();  // o
         if (warp < D / 8) {
 #pragma unroll 1
@@ -842,30 +827,30 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
             const bool two = i + 1 < n_loc;
             float c[2][NJD][4];
             mma_rows2<NJD, KSD>(c, aH + uint32_t(i) * tileH, aH + uint32_t(i + 1) * tileH, two, bo, KSD, 1);
-            add_residual(c, i, two, bias_o);
+            add_residual(c, i, two, bv);
           }
         }
-        load_b<NJF, KSD>(bi, w.w_in, D, F / 8, warp, lane);
-        bias_i = warp < F / 8 ? __half22float2(__ldg(reinterpret_cast<const __half2*>(w.b_in + colD)))
-                              : make_float2(0.f, 0.f);
-        ln2w.load_ldg(w.ln2_w + V * lane);
-        ln2b.load_ldg(w.ln2_b + V * lane);
       }
       // h = LN2(x).
       {
+        RowVec<V> lw, lb;
+        lw.load_ldg(w.ln2_w + V * lane);
+        lb.load_ldg(w.ln2_b + V * lane);
         __syncthreads();  // x (and every read of o)
 #pragma unroll 1
         for (int r = warp; r < rows; r += kWideWarps) {
           RowVec<V> v;
           v.load(sX + r * LDX + V * lane);
-          v.layer_norm(ln2w, ln2b, a.eps);
+          v.layer_norm(lw, lb, a.eps);
           v.store_a(sH + uint32_t(r * LDH) * 2u, lane);
         }
       }
       // f = fp16(GELU(fp16(h Wi^T + bi))) over q, perm_col order over K = F.
-      uint32_t bf[NJD][KSF][2];
-      float2 bias_f;
       {
+        uint32_t bi[NJF][KSD][2];
+        load_b<NJF, KSD>(bi, w.w_in, D, F / 8, warp, lane);
+        const float2 bv = warp < F / 8 ? __half22float2(*reinterpret_cast<const __half2*>(w.b_in + colD))
+                                       : make_float2(0.f, 0.f);
         __syncthreads();  // h (and every read of q)
         if (warp < F / 8) {
           const uint32_t fcol = uint32_t(perm_col(colD, F)) * 2u;
@@ -878,19 +863,18 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
             for (int m = 0; m < 2; ++m) {
               if (m == 0 || two) {
                 const uint32_t at = sQ + uint32_t((16 * (i + m) + g) * LDQ) * 2u + fcol;
-                st_shared_u32(at, pack_half2(gelu_of_f16(c[m][0][0] + bias_i.x), gelu_of_f16(c[m][0][1] + bias_i.y)));
-                st_shared_u32(at + row8Q,
-                              pack_half2(gelu_of_f16(c[m][0][2] + bias_i.x), gelu_of_f16(c[m][0][3] + bias_i.y)));
+                st_shared_u32(at, pack_half2(gelu_of_f16(c[m][0][0] + bv.x), gelu_of_f16(c[m][0][1] + bv.y)));
+                st_shared_u32(at + row8Q, pack_half2(gelu_of_f16(c[m][0][2] + bv.x), gelu_of_f16(c[m][0][3] + bv.y)));
               }
             }
           }
         }
-        load_b<NJD, KSF>(bf, w.w_out, F, D / 8, warp, lane);
-        bias_f = warp < D / 8 ? __ldg(reinterpret_cast<const float2*>(w.b_out + colD)) : make_float2(0.f, 0.f);
       }
       // x += f Wf^T + bf.
-      RowVec<V> lw, lb;
       {
+        uint32_t bf[NJD][KSF][2];
+        load_b<NJD, KSF>(bf, w.w_out, F, D / 8, warp, lane);
+        const float2 bv = warp < D / 8 ? __ldg(reinterpret_cast<const float2*>(w.b_out + colD)) : make_float2(0.f, 0.f);
         __syncthreads();  // f
         if (warp < D / 8) {
 #pragma unroll 1
@@ -898,14 +882,15 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
             const bool two = i + 1 < n_loc;
             float c[2][NJD][4];
             mma_rows2<NJD, KSF>(c, aQ + uint32_t(i) * tileQ, aQ + uint32_t(i + 1) * tileQ, two, bf, F / 16, 1);
-            add_residual(c, i, two, bias_f);
+            add_residual(c, i, two, bv);
           }
         }
-        load_qkv(wn);
-        lw.load_ldg((last ? a.final_w : wn.ln1_w) + V * lane);
-        lb.load_ldg((last ? a.final_b : wn.ln1_b) + V * lane);
       }
       // The next layer's LN1, or the final LayerNorm into y (valid rows; zeros on the others).
+      const bool last = l + 1 == a.L;
+      RowVec<V> lw, lb;
+      lw.load_ldg((last ? a.final_w : a.layers[l + 1].ln1_w) + V * lane);
+      lb.load_ldg((last ? a.final_b : a.layers[l + 1].ln1_b) + V * lane);
       __syncthreads();  // x
       if (!last) {
 #pragma unroll 1
