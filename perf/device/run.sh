@@ -9,7 +9,8 @@
 #   bench_hk.json    Google Benchmark JSON of hk's forward per case, tuned with a fresh tune cache (random
 #                    lengths; HK_BENCH_ARGS="--tune both" adds the untuned engine, default "--tune on")
 #   plans.txt        each benchmarked case's plan as it ran (kernels, GEMM algorithms, decisions with times)
-#   bench_full.json  the same, tuned, every sequence at full length (phase bench_full)
+#   bench_full.json  the same, tuned, every sequence at full length (phase bench_full); its plans in
+#                    plans_full.txt
 #   bench_nopack.json  tuned with HK_PACK=0: the dense plans, for the padding-free gain (phase bench_nopack)
 #   bench_nopdl.json   tuned with HK_PDL=0: ordinary launches, for the programmatic-launch gain (phase bench_nopdl)
 #   ab.txt           phase ab: one knob's values side by side on chosen cases (HK_AB, HK_AB_CASES)
@@ -183,7 +184,7 @@ if want bench_full; then
   stamp "bench_full"
   (cd "$share" && hk_bench_cuda --tune on --tune-cache "$work/tune-full" --lengths full \
      --benchmark_format=console --benchmark_out="$OUT/bench_full.json" --benchmark_out_format=json \
-     ${HK_BENCH_FULL_ARGS:-}) 2>&1 | tail -20
+     --plans "$OUT/plans_full.txt" ${HK_BENCH_FULL_ARGS:-}) 2>&1 | tail -20
 fi
 
 if want bench_nopack; then
