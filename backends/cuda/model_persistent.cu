@@ -499,12 +499,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) model_persistent_kernel(
 // the next layer's writes never meet a slower CTA's reads). Within a CTA every product is split
 // over the warps by output columns (n8 tiles: warp w takes tiles w, w + 16, ...) and runs over
 // the CTA's valid row tiles (two at a time), so a short sequence (case 2: 1 x 128 with a few
-// dozen valid rows) still has every warp at work; the B fragments of a warp's columns come from global memory (the weights stay in
-// L2) straight into registers with 16-byte loads (the A operands h, o, f are stored in the k order
-// of perm_col(), tile_attention.cuh), issued with the epilogue's vectors before the barrier that
-// precedes their product. Attention: (head, query tile) tasks over the warps, longest (causal)
-// first, dealt out in a snake. LayerNorms: row per warp on the fp32 residual, which lives in shared
-// memory (x += c + bias in the product epilogues, the unfused route's order).
+// dozen valid rows) still has every warp at work; the B fragments of a warp's columns come from
+// global memory (the weights stay in L2) straight into registers with 16-byte loads (the A
+// operands h, o, f are stored in the k order of perm_col(), perm_col.hpp), issued with the
+// epilogue's vectors before the barrier that precedes their product. Attention: (head, query tile)
+// tasks over the warps, longest (causal) first, dealt out in a snake. LayerNorms: row per warp on
+// the fp32 residual, which lives in shared memory (x += c + bias in the product epilogues, the
+// unfused route's order).
 // Shared memory (own rows nl = 16 ceil(ceil(S / 16) / C), all rows = 16 ceil(S / 16)):
 //   sX   [nl][D + 4]          fp32 residual of the own rows
 //   sH   [nl][D + 8]          h (LN output) and o (attention output), fp16, permuted k order: the

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "perm_col.hpp"
 #include "ptx.cuh"
 
 namespace hk::cuda {
@@ -24,24 +25,8 @@ struct TileAttention {
   uint32_t o;        // row g = lane / 4 of the tile's o at column 0
   uint32_t o_row8;   // bytes from row g to row g + 8 of o
   int o_perm;        // 0: o column c at c; else o is an A operand of K = o_perm in the k order of
-                     // perm_col() (model_persistent.cu's column kernel)
+                     // perm_col() (perm_col.hpp; model_persistent.cu's column kernel)
 };
-
-// Where logical column c (even) of a K-wide fp16 A operand is stored when its B operand is read
-// with 16-byte loads (K % 16 == 0): within each group of 32 columns, logical 8t + 4s + 2h + i is
-// stored at 16s + 8h + 2t + i, so that ldmatrix hands the lane of quad position t, at k16 step s of
-// the group, the logical columns 8t + 4s + 2h + i of fragment register h: the 8 consecutive
-// weights 8t .. 8t + 7 of a row, one 16-byte load, serve both k steps of the group. A last group
-// of 16 (K % 32 == 16): logical 4t + 2h + i at 8h + 2t + i (8-byte loads).
-__host__ __device__ __forceinline__ int perm_col(int c, int K) {
-  const int base = c & ~31;
-  if (base + 32 <= K) {
-    const int r = c & 31;
-    return base + ((r >> 2) & 1) * 16 + ((r >> 1) & 1) * 8 + (r >> 3) * 2 + (r & 1);
-  }
-  const int r = c & 15;
-  return (c & ~15) + ((r >> 1) & 1) * 8 + (r >> 2) * 2 + (r & 1);
-}
 
 // Addresses of query tile `lt` (rows 16 lt .. of q_base) against the keys / values starting at
 // k_base / v_base (row 0 = the sequence's first key); strides in halves. o over q (the caller may

@@ -19,6 +19,7 @@
 #include "cuda/engine.hpp"
 #include "gemm_cublaslt.cuh"
 #include "packing.hpp"
+#include "perm_col.hpp"
 #include "hk/engine.hpp"
 #include "hk/error.hpp"
 #include "hk/synthetic.hpp"
@@ -172,6 +173,38 @@ void check_image(hk::Precision prec) {
   std::sort(spans.begin(), spans.end());
   for (size_t i = 1; i < spans.size(); ++i)
     EXPECT_LE(spans[i - 1].first + spans[i - 1].second, spans[i].first) << "tensors overlap";
+}
+
+// The k order of the column whole-model kernel's A operands (perm_col.hpp) against the layout its
+// weight loads assume (model_persistent.cu load_b): in each 32-column group, lane t's 16-byte load
+// holds the weights of logical columns 8t .. 8t + 7, element e = 4s + 2h + i being its fragment
+// register h of k16 step s, whose mma column (what ldmatrix reads at the physical position) is
+// 16s + 8h + 2t + i; a trailing group of 16: an 8-byte load of 4t .. 4t + 3, element 2h + i at
+// physical 8h + 2t + i. Also: a bijection of [0, K) with pairs (c, c + 1) kept adjacent.
+TEST(CudaColumnKernel, PermutedKOrderMatchesTheWeightLoads) {
+  for (int K = 16; K <= 256; K += 16) {
+    std::vector<int> seen(size_t(K), 0);
+    for (int c = 0; c < K; c += 2) {
+      const int p = hk::cuda::perm_col(c, K);
+      ASSERT_GE(p, 0) << "K " << K << " c " << c;
+      ASSERT_LT(p + 1, K) << "K " << K << " c " << c;
+      ASSERT_EQ(p % 2, 0) << "K " << K << " c " << c;
+      ++seen[size_t(p)];
+      ++seen[size_t(p + 1)];
+    }
+    for (int p = 0; p < K; ++p) EXPECT_EQ(seen[size_t(p)], 1) << "K " << K << " position " << p;
+    for (int group = 0; group < K; group += 32) {
+      const bool full = group + 32 <= K;
+      for (int t = 0; t < 4; ++t)
+        for (int s = 0; s < (full ? 2 : 1); ++s)
+          for (int h = 0; h < 2; ++h) {
+            const int logical = full ? group + 8 * t + 4 * s + 2 * h : group + 4 * t + 2 * h;
+            const int physical = full ? group + 16 * s + 8 * h + 2 * t : group + 8 * h + 2 * t;
+            EXPECT_EQ(hk::cuda::perm_col(logical, K), physical)
+                << "K " << K << " group " << group << " t " << t << " s " << s << " h " << h;
+          }
+    }
+  }
 }
 
 TEST(CudaWeightImage, FastIsFp16WithFusedQkv) { check_image(hk::Precision::fast); }

@@ -1,5 +1,6 @@
-// GPU test of the persistent whole-model kernels (model_persistent.cuh: row tiles, and columns; every
-// check below runs for each) against the float64 forward of MODEL.md (test/common/naive_forward.hpp) evaluated with the same fp16-rounded GEMM weights.
+// GPU test of the persistent whole-model kernels (model_persistent.cuh: row tiles, and columns on
+// 1, 2, 4 and 8 CTAs per sequence; every check below runs for each) against the float64 forward of
+// MODEL.md (test/common/naive_forward.hpp) evaluated with the same fp16-rounded GEMM weights.
 // Standalone program: one table row per check; exits 0 when all pass, 1 on any failure, 77 when
 // no CUDA device is present (ctest SKIP_RETURN_CODE).
 //
