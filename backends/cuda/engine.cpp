@@ -363,6 +363,7 @@ struct CudaEngine::Impl {
   float eps = 1e-5f;
   // Resolved pins ("" = free).
   std::string pin_attention, pin_gelu, pin_layout, pin_algo, pin_qkv_gemm, pin_chains, pin_graph, pin_pack;
+  bool step_pinned = false;  // the caller pinned a step route (attention, GELU, GEMM layout / algorithm, QKV GEMM)
   // Own kernels only (HK_LIBRARIES, EngineOptions::job_tokens): no cuBLASLt / cuDNN route is made,
   // cuBLASLt is never loaded; the QKV GEMM is the own kernel, the post-attention steps the fused
   // chain. `libraries_note` says which applied and why (explain).
@@ -500,6 +501,9 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
   pin_layout = pin_of(routes, "gemm_layout", "");
   pin_algo = pin_of(routes, "gemm_algo", "");
   pin_qkv_gemm = pin_of(routes, "qkv_gemm", "");
+  // The caller's own pins (before HK_LIBRARIES=own adds its QKV GEMM one below).
+  step_pinned = !pin_attention.empty() || !pin_gelu.empty() || !pin_layout.empty() || !pin_algo.empty() ||
+                !pin_qkv_gemm.empty();
   pin_chains = pin_of(routes, "chains", "");
   pin_graph = pin_of(routes, "graph", routes.graphs ? "" : "0");
   pin_pack = pin_of(routes, "pack", "");
@@ -1066,8 +1070,13 @@ void CudaEngine::Impl::build_table(Plan& p) {
   // ---- the whole forward in one kernel (small models): a plan-level candidate, decided after the
   // per-layer plan is chosen (decide_whole_model), never part of a segment (covers nothing).
 #if HK_CUDA_HAVE_MODEL_PERSISTENT
-  if (persistent && precision == Precision::fast && pin_chains != "off" &&
-      ((routes.tune && pin_chains != "post_attn_qkv") || pin_chains == "persistent")) {
+  // A pinned step route (attention, GELU, GEMM layout / algorithm, QKV GEMM) is one the whole-model
+  // kernels do not run: while one is pinned they are not candidates (HK_CHAINS=persistent still
+  // pins them).
+  if (persistent && step_pinned && pin_chains != "persistent") {
+    p.whole_model_note = "whole-model kernel: not a candidate while a step route is pinned";
+  } else if (persistent && precision == Precision::fast && pin_chains != "off" &&
+             ((routes.tune && pin_chains != "post_attn_qkv") || pin_chains == "persistent")) {
     // The kernels of model_persistent.cuh: a warp per row tile (tiles), or 16 warps per CTA
     // splitting every product by columns, a sequence on one CTA or on a cluster of 2, 4 or 8
     // (its row tiles dealt out; more CTAs than the sequence has row tiles would idle). Clusters
