@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "common.cuh"
 #include "launch.hpp"
@@ -706,6 +707,26 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
       }
     }
   };
+  // x += A W^T + b over this warp's n-tile of the first n_loc own row tiles (out_proj: A = o,
+  // K = D; ffn_out: A = f, K = F), with W's fragments and b loaded before the barrier that
+  // publishes A. ks: std::integral_constant of the k16 steps W's fragments hold.
+  auto residual_product = [&](auto ks, const __half* W, int K, const float* bias, uint32_t a_lane, uint32_t tile,
+                              int ksteps, int n_loc) {
+    constexpr int KS = decltype(ks)::value;
+    uint32_t bw[NJD][KS][2];
+    load_b<NJD, KS>(bw, W, K, D / 8, warp, lane);
+    const float2 bv = warp < D / 8 ? __ldg(reinterpret_cast<const float2*>(bias + colD)) : make_float2(0.f, 0.f);
+    __syncthreads();  // A
+    if (warp < D / 8) {
+#pragma unroll 1
+      for (int i = 0; i < n_loc; i += 2) {
+        const bool two = i + 1 < n_loc;
+        float c[2][NJD][4];
+        mma_rows2<NJD, KS>(c, a_lane + uint32_t(i) * tile, a_lane + uint32_t(i + 1) * tile, two, bw, ksteps, 1);
+        add_residual(c, i, two, bv);
+      }
+    }
+  };
   // Global row of own row lr (own tile lr / 16 is the sequence's tile crank + C (lr / 16)).
   auto grow = [&](int lr) { return 16 * (crank + C * (lr >> 4)) + (lr & 15); };
 
@@ -817,21 +838,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
         }
       }
       // x += o Wo^T + bo.
-      {
-        uint32_t bo[NJD][KSD][2];
-        load_b<NJD, KSD>(bo, w.w_o, D, D / 8, warp, lane);
-        const float2 bv = warp < D / 8 ? __ldg(reinterpret_cast<const float2*>(w.b_o + colD)) : make_float2(0.f, 0.f);
-        __syncthreads();  // o
-        if (warp < D / 8) {
-#pragma unroll 1
-          for (int i = 0; i < n_loc; i += 2) {
-            const bool two = i + 1 < n_loc;
-            float c[2][NJD][4];
-            mma_rows2<NJD, KSD>(c, aH + uint32_t(i) * tileH, aH + uint32_t(i + 1) * tileH, two, bo, KSD, 1);
-            add_residual(c, i, two, bv);
-          }
-        }
-      }
+      residual_product(std::integral_constant<int, KSD>(), w.w_o, D, w.b_o, aH, tileH, KSD, n_loc);
       // h = LN2(x).
       {
         RowVec<V> lw, lb;
@@ -872,21 +879,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
         }
       }
       // x += f Wf^T + bf.
-      {
-        uint32_t bf[NJD][KSF][2];
-        load_b<NJD, KSF>(bf, w.w_out, F, D / 8, warp, lane);
-        const float2 bv = warp < D / 8 ? __ldg(reinterpret_cast<const float2*>(w.b_out + colD)) : make_float2(0.f, 0.f);
-        __syncthreads();  // f
-        if (warp < D / 8) {
-#pragma unroll 1
-          for (int i = 0; i < n_loc; i += 2) {
-            const bool two = i + 1 < n_loc;
-            float c[2][NJD][4];
-            mma_rows2<NJD, KSF>(c, aQ + uint32_t(i) * tileQ, aQ + uint32_t(i + 1) * tileQ, two, bf, F / 16, 1);
-            add_residual(c, i, two, bv);
-          }
-        }
-      }
+      residual_product(std::integral_constant<int, KSF>(), w.w_out, F, w.b_out, aQ, tileQ, F / 16, n_loc);
       // The next layer's LN1, or the final LayerNorm into y (valid rows; zeros on the others).
       const bool last = l + 1 == a.L;
       RowVec<V> lw, lb;
