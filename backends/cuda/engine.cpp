@@ -15,6 +15,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <utility>
@@ -546,9 +547,8 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
 #if HK_CUDA_HAVE_MODEL_PERSISTENT
     if (precision == Precision::fast && pin_chains != "off" &&
         ((routes.tune && pin_chains != "post_attn_qkv") || pin_chains == "persistent") &&
-        (model_persistent_supports(cfg, S, PersistentKernel::tiles) ||
-         model_persistent_supports(cfg, S, PersistentKernel::columns) ||
-         model_persistent_supports(cfg, S, PersistentKernel::columns_c4)))
+        std::any_of(std::begin(kPersistentKernels), std::end(kPersistentKernels),
+                    [&](PersistentKernel k) { return model_persistent_supports(cfg, S, k); }))
       persistent = std::make_unique<PersistentModel>(cfg, *weights);
 #endif
     ctor_weights_ms = ms_since(t);
@@ -1083,12 +1083,8 @@ void CudaEngine::Impl::build_table(Plan& p) {
     // only while the batch's CTAs fit in about two waves: beyond, the sequences queue for SMs
     // and the split only adds the k / v exchange (measured on the H200: 4-CTA clusters 7.6x
     // slower than the per-layer plan at 10,000 sequences of 128).
-    for (PersistentKernel kind : {PersistentKernel::tiles, PersistentKernel::columns, PersistentKernel::columns_c2,
-                                  PersistentKernel::columns_c4, PersistentKernel::columns_c8}) {
-      const int ctas = kind == PersistentKernel::columns_c2 ? 2
-                       : kind == PersistentKernel::columns_c4 ? 4
-                       : kind == PersistentKernel::columns_c8 ? 8
-                                                              : 1;
+    for (PersistentKernel kind : kPersistentKernels) {
+      const int ctas = persistent_ctas_per_sequence(kind);
       if (ctas > (S + 15) / 16 || (ctas > 1 && int64_t(P->B) * ctas > 2 * int64_t(sm_count)) ||
           !model_persistent_supports(cfg, S, kind))
         continue;

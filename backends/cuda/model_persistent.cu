@@ -922,13 +922,7 @@ using KernelFn = void (*)(Args);
 
 // CTAs per sequence of a column kernel (0: the tile kernel).
 int cluster_of(PersistentKernel kind) {
-  switch (kind) {
-    case PersistentKernel::columns: return 1;
-    case PersistentKernel::columns_c2: return 2;
-    case PersistentKernel::columns_c4: return 4;
-    case PersistentKernel::columns_c8: return 8;
-    default: return 0;
-  }
+  return kind == PersistentKernel::tiles ? 0 : persistent_ctas_per_sequence(kind);
 }
 
 KernelFn kernel_of(int D, int hd, PersistentKernel kind = PersistentKernel::tiles) {

@@ -79,6 +79,16 @@ struct PersistentLayer {
 // (compute capability 9.0+): CTA rank c owns row tiles c, c + N, ...; k / v rows reach every CTA
 // of the cluster through distributed shared memory.
 enum class PersistentKernel { tiles, columns, columns_c2, columns_c4, columns_c8 };
+constexpr PersistentKernel kPersistentKernels[] = {PersistentKernel::tiles, PersistentKernel::columns,
+                                                   PersistentKernel::columns_c2, PersistentKernel::columns_c4,
+                                                   PersistentKernel::columns_c8};
+// CTAs that run one sequence: 1 (tiles, columns), 2, 4 or 8 (columns_cN).
+constexpr int persistent_ctas_per_sequence(PersistentKernel k) {
+  return k == PersistentKernel::columns_c2 ? 2
+         : k == PersistentKernel::columns_c4 ? 4
+         : k == PersistentKernel::columns_c8 ? 8
+                                             : 1;
+}
 
 // The host table of the first `layers` layers of `weights` (fp16 weights required:
 // Precision::fast). Throws std::invalid_argument for fp32 weights, std::out_of_range when

@@ -68,10 +68,7 @@ const char* kind_name(hk::cuda::PersistentKernel k) {
     default: return "columns, 8-CTA clusters";
   }
 }
-bool needs_clusters(hk::cuda::PersistentKernel k) {
-  return k == hk::cuda::PersistentKernel::columns_c2 || k == hk::cuda::PersistentKernel::columns_c4 ||
-         k == hk::cuda::PersistentKernel::columns_c8;
-}
+bool needs_clusters(hk::cuda::PersistentKernel k) { return hk::cuda::persistent_ctas_per_sequence(k) > 1; }
 
 constexpr size_t kGuard = 4096;          // floats of guard space before and after x and y
 constexpr unsigned char kPoison = 0xFF;  // NaN in fp32
@@ -670,9 +667,7 @@ int main() {
   // skipped and listed as such.
   long long max_tokens = -1;
   if (const char* mt = std::getenv("HK_TEST_MAX_TOKENS"); mt && *mt) max_tokens = std::atoll(mt);
-  const hk::cuda::PersistentKernel kinds[] = {hk::cuda::PersistentKernel::tiles, hk::cuda::PersistentKernel::columns,
-                                              hk::cuda::PersistentKernel::columns_c2, hk::cuda::PersistentKernel::columns_c4,
-                                              hk::cuda::PersistentKernel::columns_c8};
+  const auto& kinds = hk::cuda::kPersistentKernels;
   const bool clusters = prop.major >= 9;
   for (const hk::cuda::PersistentKernel kind : kinds) {
     g_kind = kind;
