@@ -727,6 +727,16 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
       }
     }
   };
+  // h = fp16(LN(x) w + b) of the first `rows` own rows, a warp per row (perm_col order in sH).
+  auto layer_norm_rows = [&](const RowVec<V>& lw, const RowVec<V>& lb, int rows) {
+#pragma unroll 1
+    for (int r = warp; r < rows; r += kWideWarps) {
+      RowVec<V> v;
+      v.load(sX + r * LDX + V * lane);
+      v.layer_norm(lw, lb, a.eps);
+      v.store_a(sH + uint32_t(r * LDH) * 2u, lane);
+    }
+  };
   // Global row of own row lr (own tile lr / 16 is the sequence's tile crank + C (lr / 16)).
   auto grow = [&](int lr) { return 16 * (crank + C * (lr >> 4)) + (lr & 15); };
 
@@ -845,13 +855,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
         lw.load_ldg(w.ln2_w + V * lane);
         lb.load_ldg(w.ln2_b + V * lane);
         __syncthreads();  // x (and every read of o)
-#pragma unroll 1
-        for (int r = warp; r < rows; r += kWideWarps) {
-          RowVec<V> v;
-          v.load(sX + r * LDX + V * lane);
-          v.layer_norm(lw, lb, a.eps);
-          v.store_a(sH + uint32_t(r * LDH) * 2u, lane);
-        }
+        layer_norm_rows(lw, lb, rows);
       }
       // f = fp16(GELU(fp16(h Wi^T + bi))) over q, perm_col order over K = F.
       {
@@ -887,13 +891,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
       lb.load_ldg((last ? a.final_b : a.layers[l + 1].ln1_b) + V * lane);
       __syncthreads();  // x
       if (!last) {
-#pragma unroll 1
-        for (int r = warp; r < rows; r += kWideWarps) {
-          RowVec<V> v;
-          v.load(sX + r * LDX + V * lane);
-          v.layer_norm(lw, lb, a.eps);
-          v.store_a(sH + uint32_t(r * LDH) * 2u, lane);
-        }
+        layer_norm_rows(lw, lb, rows);
       } else {
         // Every row of the CTA's tiles of the sequence (tiles crank, crank + C, ... below S). The
         // next sequence's first writes (its LN1: sX and sH rows r = warp + 16 i) touch only rows
