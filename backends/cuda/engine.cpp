@@ -1083,14 +1083,9 @@ void CudaEngine::Impl::build_table(Plan& p) {
     // only while the batch's CTAs fit in about two waves: beyond, the sequences queue for SMs
     // and the split only adds the k / v exchange (measured on the H200: 4-CTA clusters 7.6x
     // slower than the per-layer plan at 10,000 sequences of 128).
-    // The weight-stationary kernels (a cluster splits the columns; a cluster runs its sequences
-    // one after another with its weight slices resident) while the batch is a few waves of
-    // clusters.
     for (PersistentKernel kind : kPersistentKernels) {
       const int ctas = persistent_ctas_per_sequence(kind);
-      const bool ws = persistent_is_stationary(kind);
-      if ((!ws && ctas > (S + 15) / 16) ||
-          (ctas > 1 && int64_t(P->B) * ctas > (ws ? 4 : 2) * int64_t(sm_count)) ||
+      if (ctas > (S + 15) / 16 || (ctas > 1 && int64_t(P->B) * ctas > 2 * int64_t(sm_count)) ||
           !model_persistent_supports(cfg, S, kind))
         continue;
       Kernel<Ctx> k;
@@ -1102,8 +1097,7 @@ void CudaEngine::Impl::build_table(Plan& p) {
       p.whole_models.push_back(int(t.size()));
       add(std::move(k),
           kind == PersistentKernel::tiles ? std::string("persistent")
-          : ws ? "persistent.ws.c" + std::to_string(ctas)
-               : "persistent.cols" + (ctas > 1 ? ".c" + std::to_string(ctas) : std::string()),
+                                          : "persistent.cols" + (ctas > 1 ? ".c" + std::to_string(ctas) : std::string()),
           {"backends/cuda/model_persistent"});
     }
   } else if (!persistent) {

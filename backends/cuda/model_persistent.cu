@@ -811,15 +811,11 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
                       st_shared_u32(at, v0);
                       st_shared_u32(at + r8, v1);
                     } else {
-                      // Unrolled: each store its own address registers (with one reused,
-                      // every remote store waited for the previous one to read it: ncu).
-#pragma unroll
-                      for (int r = 0; r < 8; ++r) {
-                        if (r < C) {
-                          const uint32_t rat = cluster_map(at, uint32_t(r));
-                          st_cluster_u32(rat, v0);
-                          st_cluster_u32(rat + r8, v1);
-                        }
+#pragma unroll 1
+                      for (int r = 0; r < C; ++r) {
+                        const uint32_t rat = cluster_map(at, uint32_t(r));
+                        st_cluster_u32(rat, v0);
+                        st_cluster_u32(rat + r8, v1);
                       }
                     }
                   }
@@ -919,373 +915,6 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
   }
 }
 
-// ---- the weight-stationary cluster kernel ---------------------------------------------------------
-// A sequence on a cluster of N CTAs (4 or 8) that splits the model by columns, not by rows: CTA rank
-// c holds, in its own shared memory, its slice of one layer's weights (the q | k | v columns of its
-// heads, Wo / Wf rows of residual columns [c D/N, (c+1) D/N), Wi rows of ffn columns [c F/N, ...)),
-// so no product waits for a weight load from L2 after a barrier; the next layer's slice is copied
-// in (cp.async) while this layer computes: part A (LN1, Wqkv) once the q | k | v product is done,
-// part B (Wo, LN2, Wi, Wf) once ffn_out is done. Every CTA keeps the whole fp32 residual of the
-// sequence (a replica): LayerNorms run locally on full rows, and each product's output columns
-// are written into every CTA's copy through distributed shared memory (all-gather), then one
-// cluster barrier. Attention is local: CTA c computes q, k, v of its heads (H >= N: H / N heads;
-// H < N: one head, its queries' row tiles dealt out over the N / H CTAs that share it, each
-// computing that head's k / v for all rows). Per layer:
-//   LN1 | q k v | attention -> o to every CTA || out_proj -> x columns to every CTA || LN2 |
-//   ffn_in -> f to every CTA || ffn_out -> x columns to every CTA ||        (| CTA, || cluster)
-// then y = final LayerNorm, CTA c writing rows c, c + N, ... Padding-free as the other kernels:
-// ceil(len / 16) row tiles work, rows >= len inside them are zeros that stay finite.
-// Limits: head_dim <= 32 (q, k, v of a head for all rows stay resident next to the replica),
-// D and F multiples of 8 N, sm_90 (clusters, distributed shared memory).
-constexpr int kWsWarps = 16;
-constexpr int kWsThreads = 32 * kWsWarps;
-constexpr int kWsMaxHeadDim = 32;
-
-struct WsLayout {
-  int qw, dc, fc, hpc, cph;  // q (k, v) columns per CTA, residual / ffn columns per CTA, heads per
-                             // CTA, CTAs per head
-  int ldw, ldwf, ldx, ldh, ldo, ldqkv;
-  uint32_t wqkv, ln1, bqkv;                // part A of the weight stage
-  uint32_t wo, wi, wf, ln2, bo, bf, bi;    // part B
-  uint32_t fin, x, h, o, q, k, v, total;   // final norm; activations
-};
-__host__ __device__ inline uint32_t ws_take(uint32_t& p, uint32_t bytes) {
-  const uint32_t at = p;
-  p = round_up(p + bytes, 16);
-  return at;
-}
-// rows: 16 * row tiles of a sequence; N: CTAs per sequence.
-__host__ __device__ inline WsLayout ws_layout(int D, int F, int H, int rows, int N) {
-  WsLayout l;
-  const int hd = D / H;
-  l.hpc = H >= N ? H / N : 1;
-  l.cph = H >= N ? 1 : N / H;
-  l.qw = l.hpc * hd;
-  l.dc = D / N;
-  l.fc = F / N;
-  l.ldw = D + 8;
-  l.ldwf = F + 8;
-  l.ldx = D + 4;
-  l.ldh = D + 8;
-  l.ldo = (D > F ? D : F) + 8;
-  l.ldqkv = l.qw + 8;
-  const uint32_t r = uint32_t(rows);
-  uint32_t p = 0;
-  l.wqkv = ws_take(p, 2u * uint32_t(3 * l.qw * l.ldw));
-  l.ln1 = ws_take(p, 8u * uint32_t(D));
-  l.bqkv = ws_take(p, 2u * uint32_t(3 * l.qw));
-  l.wo = ws_take(p, 2u * uint32_t(l.dc * l.ldw));
-  l.wi = ws_take(p, 2u * uint32_t(l.fc * l.ldw));
-  l.wf = ws_take(p, 2u * uint32_t(l.dc * l.ldwf));
-  l.ln2 = ws_take(p, 8u * uint32_t(D));
-  l.bo = ws_take(p, 4u * uint32_t(l.dc));
-  l.bf = ws_take(p, 4u * uint32_t(l.dc));
-  l.bi = ws_take(p, 2u * uint32_t(l.fc));
-  l.fin = ws_take(p, 8u * uint32_t(D));
-  l.x = ws_take(p, 4u * r * uint32_t(l.ldx));
-  l.h = ws_take(p, 2u * r * uint32_t(l.ldh));
-  l.o = ws_take(p, 2u * r * uint32_t(l.ldo));
-  l.q = ws_take(p, 2u * r * uint32_t(l.ldqkv));
-  l.k = ws_take(p, 2u * r * uint32_t(l.ldqkv));
-  l.v = ws_take(p, 2u * r * uint32_t(l.ldqkv));
-  l.total = p;
-  return l;
-}
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // device code of sm_90 only (clusters)
-// `rows` rows of `row_bytes` (a multiple of 16) from global (src_ld bytes apart) to shared
-// (dst_ld bytes apart) by cp.async, spread over the CTA.
-__device__ __forceinline__ void ws_copy(uint32_t dst, uint32_t dst_ld, const void* src, size_t src_ld, int rows,
-                                        int row_bytes, int tid) {
-  const int cpr = row_bytes >> 4;
-#pragma unroll 1
-  for (int i = tid; i < rows * cpr; i += kWsThreads) {
-    const int r = i / cpr, ch = i - r * cpr;
-    cp_async_16(dst + uint32_t(r) * dst_ld + uint32_t(ch) * 16u,
-                static_cast<const char*>(src) + size_t(r) * src_ld + size_t(ch) * 16u, 16);
-  }
-}
-
-// c = A (the 16-row tile whose lane ldmatrix address at k = 0 is a: row lane & 15, column
-// (lane >> 4) 8) x W^T (the n8 tile of W rows whose lane address at k = 0 is b: row lane & 7,
-// column (lane >> 3) 8) over ks <= 8 k16 steps; two accumulator chains.
-__device__ __forceinline__ void ws_mma(float (&c)[4], uint32_t a, uint32_t b, int ks) {
-  float d[4] = {0.f, 0.f, 0.f, 0.f};
-  c[0] = c[1] = c[2] = c[3] = 0.f;
-#pragma unroll
-  for (int k = 0; k < 8; k += 2) {
-    if (k < ks) {
-      uint32_t af[4];
-      ldsm_x4(af, a + uint32_t(k) * 32u);
-      if (k + 1 < ks) {
-        uint32_t ag[4], b0, b1, b2, b3;
-        ldsm_x4(b0, b1, b2, b3, b + uint32_t(k) * 32u);
-        ldsm_x4(ag, a + uint32_t(k + 1) * 32u);
-        mma_16816(c, af, b0, b1);
-        mma_16816(d, ag, b2, b3);
-      } else {
-        uint32_t b0, b1;
-        ldsm_x2(b0, b1, b + uint32_t(k) * 32u);
-        mma_16816(c, af, b0, b1);
-      }
-    }
-  }
-#pragma unroll
-  for (int e = 0; e < 4; ++e) c[e] += d[e];
-}
-
-// v (16 bytes at shared address `at` of this CTA) into the same place of the cluster's other
-// CTAs. Unrolled over the ranks: every store gets its own address registers (a reused one makes
-// each remote store wait until the previous one has read it).
-__device__ __forceinline__ void ws_to_others(uint32_t at, uint4 v, int crank, int N) {
-#pragma unroll
-  for (int i = 1; i < 8; ++i)
-    if (i < N) st_cluster_v4(cluster_map(at, uint32_t((crank + i) & (N - 1))), v);
-}
-#endif
-
-template <int D, int HD>
-__global__ void __launch_bounds__(kWsThreads, 1) model_ws_kernel(const Args a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int H = D / HD;
-  constexpr int V = D / 32;
-  constexpr int KSD = D / 16;
-  static_assert(D == 64 || D == 128, "row LayerNorm by one warp: D / 32 values per lane");
-  static_assert(HD == 8 || HD == 16 || HD == 32, "head_dim <= 32");
-
-  extern __shared__ __align__(128) unsigned char smem[];
-  const int F = a.F, S = a.S, N = a.cl;
-  const WsLayout Lo = ws_layout(D, F, H, 16 * a.st, N);
-  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2, t = lane & 3;
-  const int crank = int(cluster_rank());
-  const int cid = int(blockIdx.x) / N, nclusters = int(gridDim.x) / N;
-  const int qw = Lo.qw, dc = Lo.dc, fc = Lo.fc, hpc = Lo.hpc, cph = Lo.cph;
-  const int h0 = (crank / cph) * hpc;  // the CTA's first head
-  const int part = crank % cph;        // its query tiles: part, part + cph, ...
-  const int ldx = Lo.ldx, ldh = Lo.ldh, ldo = Lo.ldo, ldq = Lo.ldqkv;
-  const uint32_t s0 = smem_u32(smem);
-  float* sX = reinterpret_cast<float*>(smem + Lo.x);
-  const uint32_t sH = s0 + Lo.h, sO = s0 + Lo.o, sQ = s0 + Lo.q, sK = s0 + Lo.k, sV = s0 + Lo.v;
-  // Lane ldmatrix addresses: A operands (row tile 0, k = 0) and W slices (n8 tile 0, k = 0).
-  const uint32_t aoff_h = uint32_t((lane & 15) * ldh + (lane >> 4) * 8) * 2u;
-  const uint32_t aoff_o = uint32_t((lane & 15) * ldo + (lane >> 4) * 8) * 2u;
-  const uint32_t boff_d = uint32_t((lane & 7) * Lo.ldw + (lane >> 3) * 8) * 2u;
-  const uint32_t boff_f = uint32_t((lane & 7) * Lo.ldwf + (lane >> 3) * 8) * 2u;
-  const uint32_t tile_h = uint32_t(16 * ldh) * 2u, tile_o = uint32_t(16 * ldo) * 2u;
-  const uint32_t ntile_d = uint32_t(8 * Lo.ldw) * 2u, ntile_f = uint32_t(8 * Lo.ldwf) * 2u;
-  const float sl2 = a.scale_log2;
-
-  // Part A of layer l: q | k | v rows of heads h0 .. h0 + hpc - 1 (stage row r of block p = Wqkv
-  // row p D + h0 HD + r), LN1, the q | k | v biases. One cp.async group.
-  auto load_a = [&](int l) {
-    const PersistentLayer& w = a.layers[l];
-#pragma unroll 1
-    for (int p = 0; p < 3; ++p) {
-      ws_copy(s0 + Lo.wqkv + uint32_t(p * qw * Lo.ldw) * 2u, uint32_t(Lo.ldw) * 2u,
-              w.w_qkv + int64_t(p * D + h0 * HD) * D, size_t(D) * 2u, qw, 2 * D, tid);
-      ws_copy(s0 + Lo.bqkv + uint32_t(p * qw) * 2u, 0, w.b_qkv + p * D + h0 * HD, 0, 1, 2 * qw, tid);
-    }
-    ws_copy(s0 + Lo.ln1, 0, w.ln1_w, 0, 1, 4 * D, tid);
-    ws_copy(s0 + Lo.ln1 + 4u * D, 0, w.ln1_b, 0, 1, 4 * D, tid);
-    cp_async_commit();
-  };
-  // Part B: Wo rows / Wf rows of the CTA's residual columns, Wi rows of its ffn columns, LN2, biases.
-  auto load_b = [&](int l) {
-    const PersistentLayer& w = a.layers[l];
-    ws_copy(s0 + Lo.wo, uint32_t(Lo.ldw) * 2u, w.w_o + int64_t(crank * dc) * D, size_t(D) * 2u, dc, 2 * D, tid);
-    ws_copy(s0 + Lo.wi, uint32_t(Lo.ldw) * 2u, w.w_in + int64_t(crank * fc) * D, size_t(D) * 2u, fc, 2 * D, tid);
-    ws_copy(s0 + Lo.wf, uint32_t(Lo.ldwf) * 2u, w.w_out + int64_t(crank * dc) * F, size_t(F) * 2u, dc, 2 * F, tid);
-    ws_copy(s0 + Lo.ln2, 0, w.ln2_w, 0, 1, 4 * D, tid);
-    ws_copy(s0 + Lo.ln2 + 4u * D, 0, w.ln2_b, 0, 1, 4 * D, tid);
-    ws_copy(s0 + Lo.bo, 0, w.b_o + crank * dc, 0, 1, 4 * dc, tid);
-    ws_copy(s0 + Lo.bf, 0, w.b_out + crank * dc, 0, 1, 4 * dc, tid);
-    ws_copy(s0 + Lo.bi, 0, w.b_in + crank * fc, 0, 1, 2 * fc, tid);
-    cp_async_commit();
-  };
-  // h = fp16(LN(x) w + b) of rows 0 .. rows - 1, a warp per row, natural order into sH.
-  auto ln_rows = [&](uint32_t ln, int rows) {
-    RowVec<V> lw, lb;
-    lw.load(reinterpret_cast<const float*>(smem + ln) + V * lane);
-    lb.load(reinterpret_cast<const float*>(smem + ln + 4u * D) + V * lane);
-    // Two rows per pass (r and r + 16, the second recomputing r past the end): two independent
-    // shuffle chains.
-#pragma unroll 1
-    for (int r = warp; r < rows; r += 2 * kWsWarps) {
-      const bool two = r + kWsWarps < rows;
-      RowVec<V> v[2];
-      v[0].load(sX + r * ldx + V * lane);
-      v[1].load(sX + (two ? r + kWsWarps : r) * ldx + V * lane);
-      v[0].layer_norm(lw, lb, a.eps);
-      v[1].layer_norm(lw, lb, a.eps);
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        if (k == 0 || two) {
-          const int rk = r + k * kWsWarps;
-#pragma unroll
-          for (int i = 0; i < V; i += 2)
-            st_shared_u32(sH + uint32_t(rk * ldh + V * lane + i) * 2u, pack_half2(v[k].v[i], v[k].v[i + 1]));
-        }
-      }
-    }
-  };
-  // x[:, own columns] += A W^T + bias over the mt row tiles, written into every CTA's replica.
-  auto residual = [&](uint32_t a_lane, uint32_t w_lane, uint32_t ntile, int ks, uint32_t bias, int mt) {
-    const int nt = dc / 8, jobs = mt * nt;
-#pragma unroll 1
-    for (int i = warp; i < jobs; i += kWsWarps) {
-      const int m = i / nt, j = i - m * nt;
-      float c[4];
-      ws_mma(c, a_lane + uint32_t(m) * tile_o, w_lane + uint32_t(j) * ntile, ks);
-      const int lc = 8 * j + 2 * t, col = crank * dc + lc;
-      const float2 bv = *reinterpret_cast<const float2*>(smem + bias + 4u * uint32_t(lc));
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        float2* xp = reinterpret_cast<float2*>(sX + (16 * m + g + 8 * hf) * ldx + col);
-        const float2 xv = *xp;
-        *xp = make_float2(xv.x + c[2 * hf] + bv.x, xv.y + c[2 * hf + 1] + bv.y);
-      }
-      __syncwarp();
-      // The 16 x 8 block to the other CTAs in 16-byte pieces (lane: row lane / 2, half lane % 2).
-      const int rr = 16 * m + (lane >> 1), cc = crank * dc + 8 * j + 4 * (lane & 1);
-      const uint4 v = *reinterpret_cast<const uint4*>(sX + rr * ldx + cc);
-      ws_to_others(s0 + Lo.x + uint32_t(rr * ldx + cc) * 4u, v, crank, N);
-    }
-  };
-
-  // The final norm and layer 0's stage, before waiting for the stream's earlier work (weights are
-  // not written by it).
-  ws_copy(s0 + Lo.fin, 0, a.final_w, 0, 1, 4 * D, tid);
-  ws_copy(s0 + Lo.fin + 4u * D, 0, a.final_b, 0, 1, 4 * D, tid);
-  load_a(0);
-  load_b(0);
-  cp_async_wait<1>();
-  pdl_wait();  // x, lengths and y belong to the stream's earlier work
-  const float* fin = reinterpret_cast<const float*>(smem + Lo.fin);
-  // Invariant at the start of every layer: part A of the layer complete and visible, part B in
-  // flight (or complete); at the start of every sequence, that of layer 0.
-#pragma unroll 1
-  for (int b = cid; b < a.B; b += nclusters) {
-    const int len = seq_len(a, b);
-    const int mt = (len + 15) >> 4;
-    const int rows = 16 * mt;
-    const int nq = mt > part ? (mt - part + cph - 1) / cph : 0;  // own query tiles
-    const float* xs = a.x + int64_t(b) * S * D;
-    float* ys = a.y + int64_t(b) * S * D;
-    __syncthreads();  // the previous sequence's y rows read from sX; part A of layer 0 (first pass)
-#pragma unroll 1
-    for (int r = warp; r < rows; r += kWsWarps) {
-      RowVec<V> v;
-      if (r < len) v.load(xs + int64_t(r) * D + V * lane);
-      else v.zero();
-      v.store(sX + r * ldx + V * lane);
-    }
-#pragma unroll 1
-    for (int l = 0; mt > 0 && l < a.L; ++l) {
-      ln_rows(Lo.ln1, rows);  // each warp normalises the rows it loaded / last read: no barrier
-      __syncthreads();        // h
-      // q | k | v of the CTA's heads: k, v for every working row tile, q for its own query tiles.
-      {
-        const int nt = qw / 8, jobs_kv = mt * 2 * nt, jobs = jobs_kv + nq * nt;
-#pragma unroll 1
-        for (int i = warp; i < jobs; i += kWsWarps) {
-          int m, j;  // row tile, n8 tile of the stage's q | k | v rows
-          if (i < jobs_kv) {
-            m = i / (2 * nt);
-            j = nt + (i - m * 2 * nt);
-          } else {
-            const int k = i - jobs_kv;
-            m = part + cph * (k / nt);
-            j = k - (k / nt) * nt;
-          }
-          float c[4];
-          ws_mma(c, sH + aoff_h + uint32_t(m) * tile_h, s0 + Lo.wqkv + boff_d + uint32_t(j) * ntile_d, KSD);
-          const int p = j / nt, col = 8 * (j - p * nt) + 2 * t;
-          const float2 bv =
-              __half22float2(*reinterpret_cast<const __half2*>(smem + Lo.bqkv + 2u * uint32_t(p * qw + col)));
-          const uint32_t at = (p == 0 ? sQ : p == 1 ? sK : sV) + uint32_t((16 * m + g) * ldq + col) * 2u;
-          st_shared_u32(at, pack_half2(c[0] + bv.x, c[1] + bv.y));
-          st_shared_u32(at + uint32_t(8 * ldq) * 2u, pack_half2(c[2] + bv.x, c[3] + bv.y));
-        }
-      }
-      __syncthreads();                // q, k, v; every read of h and of part A
-      load_a((l + 1) % a.L);          // the next layer's (or the next sequence's layer 0)
-      // Attention: tasks (own query tile, local head), the last (longest under causal) tiles first;
-      // o over q, then into every CTA's sO at the head's columns.
-#pragma unroll 1
-      for (int i = warp; i < nq * hpc; i += kWsWarps) {
-        const int ti = nq - 1 - i / hpc, hh = i - (i / hpc) * hpc;
-        const int lt = part + cph * ti;
-        const TileAttention att = tile_attention<HD>(sQ, ldq, sK, sV, ldq, lt, lane);
-        tile_attention_head<HD, true, 2>(att, hh, lt, len, a.causal, sl2, lane);
-        __syncwarp();
-        constexpr int CPR = HD / 8;  // 16-byte chunks per row of a head
-#pragma unroll 1
-        for (int ch = lane; ch < 16 * CPR; ch += 32) {
-          const int r = 16 * lt + ch / CPR, cc = ch - (ch / CPR) * CPR;
-          const uint4 v = *reinterpret_cast<const uint4*>(smem + Lo.q + 2u * uint32_t(r * ldq + hh * HD + 8 * cc));
-          const uint32_t at = sO + uint32_t(r * ldo + (h0 + hh) * HD + 8 * cc) * 2u;
-          *reinterpret_cast<uint4*>(smem + (at - s0)) = v;
-          ws_to_others(at, v, crank, N);
-        }
-      }
-      cp_async_wait<1>();  // part B of this layer (part A of the next stays in flight)
-      cluster_sync();      // o everywhere; part B visible
-      // x += o Wo^T + bo (own columns, every replica).
-      residual(sO + aoff_o, s0 + Lo.wo + boff_d, ntile_d, KSD, Lo.bo, mt);
-      cluster_sync();  // x everywhere; every read of o
-      ln_rows(Lo.ln2, rows);
-      __syncthreads();  // h
-      // f = fp16(GELU(fp16(h Wi^T + bi))) of the CTA's ffn columns, into every CTA's sO (as f).
-      {
-        const int nt = fc / 8, jobs = mt * nt;
-#pragma unroll 1
-        for (int i = warp; i < jobs; i += kWsWarps) {
-          const int m = i / nt, j = i - m * nt;
-          float c[4];
-          ws_mma(c, sH + aoff_h + uint32_t(m) * tile_h, s0 + Lo.wi + boff_d + uint32_t(j) * ntile_d, KSD);
-          const int lc = 8 * j + 2 * t;
-          const float2 bv = __half22float2(*reinterpret_cast<const __half2*>(smem + Lo.bi + 2u * uint32_t(lc)));
-          const uint32_t f0 = pack_half2(gelu_of_f16(c[0] + bv.x), gelu_of_f16(c[1] + bv.y));
-          const uint32_t f1 = pack_half2(gelu_of_f16(c[2] + bv.x), gelu_of_f16(c[3] + bv.y));
-          const uint32_t at = sO + uint32_t((16 * m + g) * ldo + crank * fc + lc) * 2u;
-          st_shared_u32(at, f0);
-          st_shared_u32(at + uint32_t(8 * ldo) * 2u, f1);
-          __syncwarp();
-          // The 16 x 8 block to the other CTAs: lane r < 16 sends row r (16 bytes).
-          if (lane < 16) {
-            const uint32_t ra = uint32_t((16 * m + lane) * ldo + crank * fc + 8 * j) * 2u;
-            ws_to_others(sO + ra, *reinterpret_cast<const uint4*>(smem + Lo.o + ra), crank, N);
-          }
-        }
-      }
-      cluster_sync();  // f everywhere
-      // x += f Wf^T + bf.
-      residual(sO + aoff_o, s0 + Lo.wf + boff_f, ntile_f, F / 16, Lo.bf, mt);
-      cp_async_wait<0>();  // the next part A
-      cluster_sync();      // x everywhere; every read of f and of part B; the next part A visible
-      load_b((l + 1) % a.L);
-    }
-    // y = final LayerNorm (rows < len), zeros (len <= rows < S); CTA c: rows c, c + N, ...
-#pragma unroll 1
-    for (int r = crank + N * warp; r < S; r += N * kWsWarps) {
-      RowVec<V> v;
-      if (r < len) {
-        RowVec<V> lw, lb;
-        lw.load(fin + V * lane);
-        lb.load(fin + D + V * lane);
-        v.load(sX + r * ldx + V * lane);
-        v.layer_norm(lw, lb, a.eps);
-      } else {
-        v.zero();
-      }
-      v.store(ys + int64_t(r) * D + V * lane);
-    }
-  }
-  cp_async_wait_all();
-#endif
-}
-
 // ---- launch layer -----------------------------------------------------------------------------------
 using KernelFn = void (*)(Args);
 
@@ -1295,11 +924,6 @@ int cluster_of(PersistentKernel kind) {
 }
 
 KernelFn kernel_of(int D, int hd, PersistentKernel kind = PersistentKernel::tiles) {
-  if (persistent_is_stationary(kind)) {
-    if (D == 128) return hd == 8 ? model_ws_kernel<128, 8> : hd == 16 ? model_ws_kernel<128, 16> : hd == 32 ? model_ws_kernel<128, 32> : nullptr;
-    if (D == 64) return hd == 8 ? model_ws_kernel<64, 8> : hd == 16 ? model_ws_kernel<64, 16> : hd == 32 ? model_ws_kernel<64, 32> : nullptr;
-    return nullptr;
-  }
   const bool cols = cluster_of(kind) > 0;
   if (D == 128) {
     switch (hd) {
@@ -1353,7 +977,7 @@ const DeviceInfo& device_info() {
 void ensure_smem_limits() {
   static const bool done = [] {
     const int bytes = int(device_info().smem_optin);
-    for (PersistentKernel kind : {PersistentKernel::tiles, PersistentKernel::columns, PersistentKernel::stationary_c8})  // one per family
+    for (PersistentKernel kind : {PersistentKernel::tiles, PersistentKernel::columns})  // one per family
       for (int D : {64, 128})
         for (int hd : {8, 16, 32, 64, 128})
           if (KernelFn k = kernel_of(D, hd, kind))
@@ -1372,13 +996,8 @@ bool shape_supported(const ModelConfig& c, int S) {
   if (c.n_layers < 1 || S < 1 || S > kMaxS) return false;
   return true;
 }
-bool stationary_supported(const ModelConfig& c, int N) {
-  return c.d_model / c.n_heads <= kWsMaxHeadDim && c.d_model % (8 * N) == 0 && c.ffn_dim % (8 * N) == 0;
-}
 
 size_t smem_for(const ModelConfig& c, int S, int pack, PersistentKernel kind = PersistentKernel::tiles) {
-  if (persistent_is_stationary(kind))
-    return ws_layout(c.d_model, c.ffn_dim, c.n_heads, 16 * tiles_of(S), persistent_ctas_per_sequence(kind)).total;
   if (const int C = cluster_of(kind)) return wide_layout(c.d_model, c.ffn_dim, tiles_of(S), C).total;
   return layout(c.d_model, c.ffn_dim, pack * tiles_of(S) * 16).total;
 }
@@ -1402,7 +1021,6 @@ std::vector<PersistentLayer> persistent_layer_table(const DeviceWeights& w, int 
 
 bool model_persistent_supports(const ModelConfig& config, int S, PersistentKernel kind) {
   if (!shape_supported(config, S)) return false;
-  if (persistent_is_stationary(kind) && !stationary_supported(config, persistent_ctas_per_sequence(kind))) return false;
   if (device_info().sms == 0 || smem_for(config, S, 1, kind) > device_info().smem_optin) return false;
   if (cluster_of(kind) > 1 && device_info().cc_major < 9) return false;  // thread-block clusters
   ensure_smem_limits();
@@ -1462,17 +1080,16 @@ void model_persistent_forward(const PersistentModel& model, int S, const float* 
     // One sequence per cluster of C CTAs, a grid of one wave of clusters looping over the batch.
     const KernelFn kernel = kernel_of(c.d_model, c.head_dim(), kind);
     const size_t smem = smem_for(c, S, 1, kind);
-    const int threads = persistent_is_stationary(kind) ? kWsThreads : kWideThreads;
     int occ = 0;
-    HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, threads, smem));
+    HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kWideThreads, smem));
     if (occ < 1) fail("kernel does not fit on an SM");
     a.pack = 1;
     a.npasses = B;
     a.cl = C;
     const int64_t clusters = std::min<int64_t>(B, std::max<int64_t>(1, int64_t(occ) * dev.sms / C));
     const dim3 grid(unsigned(clusters * C));
-    if (C == 1) launch_pdl(kernel, grid, dim3(threads), smem, stream, a);
-    else launch_pdl_cluster(kernel, grid, dim3(threads), dim3(unsigned(C)), smem, stream, a);
+    if (C == 1) launch_pdl(kernel, grid, dim3(kWideThreads), smem, stream, a);
+    else launch_pdl_cluster(kernel, grid, dim3(kWideThreads), dim3(unsigned(C)), smem, stream, a);
     return;
   }
   // Sequences per pass: as many as fill one wave of CTAs first, then packed into the 8 tiles.
@@ -1496,16 +1113,14 @@ void model_persistent_forward(const PersistentModel& model, int S, const float* 
 }
 
 const char* model_persistent_name(const ModelConfig& config, PersistentKernel kind) {
-  static const char* const names[2][7] = {
+  static const char* const names[2][5] = {
       {"hk::model[cuda.persistent.d64]", "hk::model[cuda.persistent.cols.d64]", "hk::model[cuda.persistent.cols.c2.d64]",
-       "hk::model[cuda.persistent.cols.c4.d64]", "hk::model[cuda.persistent.cols.c8.d64]",
-       "hk::model[cuda.persistent.ws.c4.d64]", "hk::model[cuda.persistent.ws.c8.d64]"},
+       "hk::model[cuda.persistent.cols.c4.d64]", "hk::model[cuda.persistent.cols.c8.d64]"},
       {"hk::model[cuda.persistent.d128]", "hk::model[cuda.persistent.cols.d128]",
        "hk::model[cuda.persistent.cols.c2.d128]", "hk::model[cuda.persistent.cols.c4.d128]",
-       "hk::model[cuda.persistent.cols.c8.d128]", "hk::model[cuda.persistent.ws.c4.d128]",
-       "hk::model[cuda.persistent.ws.c8.d128]"}};
+       "hk::model[cuda.persistent.cols.c8.d128]"}};
   const int k = int(kind);
-  if (k < 0 || k > 6) return "";
+  if (k < 0 || k > 4) return "";
   switch (config.d_model) {
     case 64: return names[0][k];
     case 128: return names[1][k];

@@ -78,29 +78,16 @@ struct PersistentLayer {
 // columns_cN: the column kernel with each sequence split over a thread-block cluster of N CTAs
 // (compute capability 9.0+): CTA rank c owns row tiles c, c + N, ...; k / v rows reach every CTA
 // of the cluster through distributed shared memory.
-// stationary_cN: a sequence on a cluster of N CTAs that splits the model by columns instead:
-// each CTA holds its slice of a layer's weights in shared memory (the next layer's copied in
-// while this one computes), a replica of the sequence's fp32 residual, and the q / k / v of its
-// heads; every product's output columns go to every CTA through distributed shared memory, four
-// cluster barriers per layer. Limits beyond the common ones: head_dim <= 32, D and F multiples
-// of 8 N, compute capability 9.0+. Shared memory (rows = 16 ceil(S / 16), qw = max(head_dim,
-// D / N) q columns per CTA): 2 (3 qw + 2 D / N + F / N)(D + 8) + 2 (D / N)(F + 8) + 32 D + small
-// (weights) + rows (4 (D + 4) + 2 (D + 8) + 2 (max(D, F) + 8) + 6 (qw + 8)): 210,528 bytes at
-// D = F = 128, head_dim 32, S = 128, N = 8 (223,744 at N = 4).
-enum class PersistentKernel { tiles, columns, columns_c2, columns_c4, columns_c8, stationary_c4, stationary_c8 };
-constexpr PersistentKernel kPersistentKernels[] = {
-    PersistentKernel::tiles,         PersistentKernel::columns,       PersistentKernel::columns_c2,
-    PersistentKernel::columns_c4,    PersistentKernel::columns_c8,    PersistentKernel::stationary_c4,
-    PersistentKernel::stationary_c8};
-// CTAs that run one sequence: 1 (tiles, columns), 2, 4 or 8 (columns_cN, stationary_cN).
+enum class PersistentKernel { tiles, columns, columns_c2, columns_c4, columns_c8 };
+constexpr PersistentKernel kPersistentKernels[] = {PersistentKernel::tiles, PersistentKernel::columns,
+                                                   PersistentKernel::columns_c2, PersistentKernel::columns_c4,
+                                                   PersistentKernel::columns_c8};
+// CTAs that run one sequence: 1 (tiles, columns), 2, 4 or 8 (columns_cN).
 constexpr int persistent_ctas_per_sequence(PersistentKernel k) {
-  return k == PersistentKernel::columns_c2                                           ? 2
-         : k == PersistentKernel::columns_c4 || k == PersistentKernel::stationary_c4 ? 4
-         : k == PersistentKernel::columns_c8 || k == PersistentKernel::stationary_c8 ? 8
-                                                                                      : 1;
-}
-constexpr bool persistent_is_stationary(PersistentKernel k) {
-  return k == PersistentKernel::stationary_c4 || k == PersistentKernel::stationary_c8;
+  return k == PersistentKernel::columns_c2 ? 2
+         : k == PersistentKernel::columns_c4 ? 4
+         : k == PersistentKernel::columns_c8 ? 8
+                                             : 1;
 }
 
 // The host table of the first `layers` layers of `weights` (fp16 weights required:
@@ -146,8 +133,7 @@ void model_persistent_forward(const PersistentModel& model, int S, const float* 
                               float* y, cudaStream_t stream, PersistentKernel kind = PersistentKernel::tiles);
 
 // Profiler name: "hk::model[cuda.persistent.d128]" / "...d64]" (tiles), "hk::model[cuda.persistent.cols.d128]" /
-// "...cols.d64]" (columns), "...cols.c4.d128]" (columns_c4, ...), "...ws.c8.d128]" (stationary_c8, ...);
-// "" when D is not served.
+// "...cols.d64]" (columns), "...cols.c4.d128]" (columns_c4, ...); "" when D is not served.
 const char* model_persistent_name(const ModelConfig& config, PersistentKernel kind = PersistentKernel::tiles);
 
 }  // namespace hk::cuda

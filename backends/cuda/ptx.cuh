@@ -131,21 +131,6 @@ __device__ __forceinline__ void st_cluster_u32(uint32_t addr, uint32_t v) {
   __trap();
 #endif
 }
-__device__ __forceinline__ void st_cluster_v4(uint32_t addr, uint4 v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void st_cluster_f32x2(uint32_t addr, float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
-#else
-  __trap();
-#endif
-}
 // This CTA's rank in its cluster (0 outside clusters; a trap before sm_90).
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r = 0;

@@ -65,19 +65,10 @@ const char* kind_name(hk::cuda::PersistentKernel k) {
     case hk::cuda::PersistentKernel::columns: return "columns";
     case hk::cuda::PersistentKernel::columns_c2: return "columns, 2-CTA clusters";
     case hk::cuda::PersistentKernel::columns_c4: return "columns, 4-CTA clusters";
-    case hk::cuda::PersistentKernel::columns_c8: return "columns, 8-CTA clusters";
-    case hk::cuda::PersistentKernel::stationary_c4: return "weight-stationary, 4-CTA clusters";
-    default: return "weight-stationary, 8-CTA clusters";
+    default: return "columns, 8-CTA clusters";
   }
 }
 bool needs_clusters(hk::cuda::PersistentKernel k) { return hk::cuda::persistent_ctas_per_sequence(k) > 1; }
-// The documented limits of the kernel under test beyond the common ones (model_persistent.cuh):
-// the weight-stationary kernels serve head_dim <= 32 with D and F multiples of 8 N.
-bool kind_serves(int D, int H, int F) {
-  if (!hk::cuda::persistent_is_stationary(g_kind)) return true;
-  const int N = hk::cuda::persistent_ctas_per_sequence(g_kind);
-  return D / H <= 32 && D % (8 * N) == 0 && F % (8 * N) == 0;
-}
 
 constexpr size_t kGuard = 4096;          // floats of guard space before and after x and y
 constexpr unsigned char kPoison = 0xFF;  // NaN in fp32
@@ -253,7 +244,7 @@ Outcome run_case(const Case& c, uint64_t seed) {
   cfg.causal = c.causal;
   if (!hk::cuda::model_persistent_supports(cfg, c.S, g_kind)) {
     out.error = "unsupported";
-    out.skipped = !g_full_smem || !kind_serves(c.D, c.H, c.F);
+    out.skipped = !g_full_smem;
     return out;
   }
   std::mt19937_64 rng(seed);
@@ -400,13 +391,7 @@ bool refused_shapes() {
       {config(128, 0, 128, 4, true), 128},   // H = 0
   };
   bool ok = true;
-  std::vector<Probe> refused(std::begin(no), std::end(no));
-  if (hk::cuda::persistent_is_stationary(g_kind)) {
-    refused.push_back({config(128, 2, 128, 4, true), 128});  // head_dim 64
-    refused.push_back({config(128, 4, 80, 4, true), 128});   // F not a multiple of 8 N
-    refused.push_back({config(64, 1, 64, 2, false), 16});    // head_dim 64 at D = 64
-  }
-  for (const Probe& p : refused)
+  for (const Probe& p : no)
     if (hk::cuda::model_persistent_supports(p.c, p.S, g_kind)) {
       std::printf("  supports() accepted D=%d H=%d F=%d L=%d S=%d\n", p.c.d_model, p.c.n_heads, p.c.ffn_dim,
                   p.c.n_layers, p.S);
@@ -417,7 +402,7 @@ bool refused_shapes() {
                        {config(128, 16, 128, 1, false), 1}, {config(128, 1, 16, 7, false), 100},
                        {config(64, 8, 128, 2, true), 33}};
   for (const Probe& p : yes)
-    if (kind_serves(p.c.d_model, p.c.n_heads, p.c.ffn_dim) && !hk::cuda::model_persistent_supports(p.c, p.S, g_kind)) {
+    if (!hk::cuda::model_persistent_supports(p.c, p.S, g_kind)) {
       std::printf("  supports() refused D=%d H=%d F=%d L=%d S=%d\n", p.c.d_model, p.c.n_heads, p.c.ffn_dim,
                   p.c.n_layers, p.S);
       ok = false;
@@ -459,9 +444,6 @@ bool argument_contract() {
         "hk::model[cuda.persistent.cols.d128]";
   ok &= std::string(hk::cuda::model_persistent_name(cfg, hk::cuda::PersistentKernel::columns_c4)) ==
         "hk::model[cuda.persistent.cols.c4.d64]";
-  ok &= std::string(hk::cuda::model_persistent_name(config(128, 4, 128, 4, true),
-                                                    hk::cuda::PersistentKernel::stationary_c8)) ==
-        "hk::model[cuda.persistent.ws.c8.d128]";
   return ok;
 }
 
@@ -682,30 +664,6 @@ int main() {
       const Lens ls[] = {Lens::null, Lens::random, Lens::random0, Lens::edge, Lens::full};
       c.lens = ls[rng() % 5];
       c.alias = rng() % 4 == 0;
-      add(c);
-    }
-  }
-
-  // Random shapes inside the weight-stationary kernels' limits too (head_dim <= 32, D and F
-  // multiples of 64), run by every kernel.
-  {
-    std::mt19937_64 rng(0x57A710);
-    const int Ss[] = {1, 9, 16, 47, 64, 99, 128};
-    const int Bs[] = {1, 2, 3, 19, 40};
-    for (int i = 0; i < 12; ++i) {
-      Case c;
-      c.name = "random ws";
-      c.D = rng() % 2 ? 128 : 64;
-      c.H = c.D / (8 << (rng() % 3));
-      c.F = rng() % 2 ? 128 : 64;
-      c.L = int(1 + rng() % 4);
-      c.causal = rng() % 2;
-      c.S = Ss[rng() % (sizeof(Ss) / sizeof(Ss[0]))];
-      c.B = Bs[rng() % (sizeof(Bs) / sizeof(Bs[0]))];
-      const Lens ls[] = {Lens::null, Lens::random, Lens::random0, Lens::edge, Lens::full};
-      c.lens = ls[rng() % 5];
-      c.alias = rng() % 4 == 0;
-      c.graph = rng() % 4 == 0;
       add(c);
     }
   }
