@@ -20,9 +20,10 @@
 //            few dozen valid rows) still has 16 warps at work per sequence.
 //   Shared memory of columns (own rows nl = 16 ceil(ceil(S / 16) / N) for N CTAs per sequence, all
 //   rows = 16 ceil(S / 16)): nl ((D + 4) 4 + (D + 8) 2 + (max(D, F) + 8) 2) + (N > 1 ? 2 : 1) all
-//   (2D + 8) 2 bytes: 204,800 at D = F = 128, S = 128, N = 1 (170,496 at N = 4); the same D /
-//   head_dim / F / S limits. Launched with programmatic dependent launch (it waits for the
-//   stream's earlier kernels before reading x).
+//   (2D + 8) 2 (+ 16 for two mbarriers when N > 1) bytes: 204,800 at D = F = 128, S = 128, N = 1
+//   (170,512 at N = 4); the same D / head_dim / F / S limits. Launched with programmatic dependent
+//   launch (it waits for the stream's earlier kernels before reading x). With N >= 4 the k / v
+//   tiles travel by bulk copies (TMA engine) completing on the receivers' mbarriers.
 // Host-compilable header: declarations only; the kernels and the launch layer are in
 // model_persistent.cu.
 //
