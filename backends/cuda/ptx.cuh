@@ -131,34 +131,29 @@ __device__ __forceinline__ void st_cluster_u32(uint32_t addr, uint32_t v) {
   __trap();
 #endif
 }
+// HK_SM90(body): the body on sm_90 and later, a trap before (kernels using the helpers below are
+// never launched on earlier devices).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define HK_SM90(...) __VA_ARGS__
+#else
+#define HK_SM90(...) __trap()
+#endif
 // mbarrier and bulk-copy (Hopper TMA engine) helpers for exchanges inside a cluster: a CTA copies a
 // block of its shared memory into another CTA's with cp.async.bulk, completing bytes on that
 // CTA's mbarrier, whose threads wait for the phase (expect_tx set by one of them). Traps before sm_90.
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-#else
-  __trap();
-#endif
+  HK_SM90(asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory"));
 }
 // Makes mbarrier initialisations visible to the cluster (before the cluster barrier that
 // precedes their first remote use).
 __device__ __forceinline__ void fence_mbar_init_cluster() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#else
-  __trap();
-#endif
+  HK_SM90(asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"));
 }
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-#else
-  __trap();
-#endif
+  HK_SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory"));
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  HK_SM90({
   uint32_t done = 0;
   do {
     asm volatile(
@@ -167,30 +162,22 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   } while (!done);
-#else
-  __trap();
-#endif
+  });
 }
 // Orders this thread's earlier generic-proxy shared-memory writes before later async-proxy
 // (bulk copy) reads of them.
 __device__ __forceinline__ void fence_proxy_async_shared() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#else
-  __trap();
-#endif
+  HK_SM90(asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"));
 }
 // `bytes` (a multiple of 16; 16-byte aligned addresses) from this CTA's shared memory at src to
 // dst (a shared::cluster address from cluster_map), completing them on the mbarrier at bar (the
 // destination CTA's, shared::cluster).
 __device__ __forceinline__ void bulk_copy_to_cluster(uint32_t dst, uint32_t src, uint32_t bytes, uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  HK_SM90({
   asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "r"(src), "r"(bytes), "r"(bar)
                : "memory");
-#else
-  __trap();
-#endif
+  });
 }
 // This CTA's rank in its cluster (0 outside clusters; a trap before sm_90).
 __device__ __forceinline__ uint32_t cluster_rank() {
