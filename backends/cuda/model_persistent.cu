@@ -80,6 +80,7 @@ struct Args {
   int cl;       // column kernel: CTAs per sequence (cluster size)
   float eps, scale_log2;
   bool causal;
+  unsigned long long* trace;  // column kernel: phase stamps of the first sequence (null: none)
 };
 
 __host__ __device__ constexpr uint32_t round_up(uint32_t v, uint32_t m) { return (v + m - 1) / m * m; }
@@ -692,6 +693,12 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
   const float sl2 = a.scale_log2;
   const int nj_q = (NQ - warp + kWideWarps - 1) / kWideWarps;  // this warp's q | k | v tiles
   const int colD = 8 * warp + 2 * t;                           // out_proj / ffn_out / ffn_in column
+  // Phase trace (model_persistent_forward's `trace`): lane 0 of every warp of each CTA of the first
+  // sequence's cluster stamps its SM clock at each event; rows of persistent_trace_events(L) =
+  // 2 + 9 L, row (rank, warp) = 16 rank + warp.
+  auto stamp = [&](int b, int e) {
+    if (a.trace != nullptr && b == 0 && lane == 0) a.trace[(crank * kWideWarps + warp) * (2 + 9 * a.L) + e] = clock64();
+  };
 
   // x += c + bias over this warp's columns of own row tiles i, i + 1 (`two`).
   auto add_residual = [&](const float (&c)[2][1][4], int i, bool two, float2 bv) {
@@ -714,12 +721,13 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
   // K = D; ffn_out: A = f, K = F), with W's fragments and b loaded before the barrier that
   // publishes A. ks: std::integral_constant of the k16 steps W's fragments hold.
   auto residual_product = [&](auto ks, const __half* W, int K, const float* bias, uint32_t a_lane, uint32_t tile,
-                              int ksteps, int n_loc) {
+                              int ksteps, int n_loc, int b, int event) {
     constexpr int KS = decltype(ks)::value;
     uint32_t bw[NJD][KS][2];
     load_b<NJD, KS>(bw, W, K, D / 8, warp, lane);
     const float2 bv = warp < D / 8 ? __ldg(reinterpret_cast<const float2*>(bias + colD)) : make_float2(0.f, 0.f);
     __syncthreads();  // A
+    stamp(b, event);
     if (warp < D / 8) {
 #pragma unroll 1
       for (int i = 0; i < n_loc; i += 2) {
@@ -758,6 +766,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
     // every CTA of the cluster started (distributed shared memory may only be written once its
     // CTA runs: racecheck flagged the 2-CTA stores without it) and the mbarriers initialised.
     if (C > 1) cluster_sync();
+    stamp(b, 0);
     const int len = seq_len(a, b);
     const int mt_n = (len + 15) >> 4;                                 // row tiles with valid rows
     const int n_loc = mt_n > crank ? (mt_n - crank + C - 1) / C : 0;  // of them, this CTA's
@@ -799,6 +808,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
           bias[j] = j < nj_q ? __half22float2(*reinterpret_cast<const __half2*>(w.b_qkv + 8 * (warp + kWideWarps * j) + 2 * t))
                              : make_float2(0.f, 0.f);
         __syncthreads();  // h
+        stamp(b, 1 + 9 * l);
 #pragma unroll 1
         for (int i = 0; i < n_loc; i += 2) {
           const bool two = i + 1 < n_loc;
@@ -839,6 +849,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
           }
         }
       }
+      stamp(b, 2 + 9 * l);
       // q, k, v (and every read of h). C = 2: the k / v rows went to both CTAs with the
       // epilogue's stores, the cluster's barrier publishes them. C >= 4: the own k / v tiles go to
       // the cluster's other CTAs that hold tiles (ranks below mt_n) by bulk copies completing on
@@ -872,6 +883,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
       } else {
         __syncthreads();
       }
+      stamp(b, 3 + 9 * l);
       // Attention: task i -> (own tile n_loc - 1 - i / H, head i % H); o -> sH (perm_col order).
       {
         const int ntasks = H * n_loc;
@@ -891,14 +903,16 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
           }
         }
       }
+      stamp(b, 4 + 9 * l);
       // x += o Wo^T + bo.
-      residual_product(std::integral_constant<int, KSD>(), w.w_o, D, w.b_o, aH, tileH, KSD, n_loc);
+      residual_product(std::integral_constant<int, KSD>(), w.w_o, D, w.b_o, aH, tileH, KSD, n_loc, b, 5 + 9 * l);
       // h = LN2(x).
       {
         RowVec<V> lw, lb;
         lw.load_ldg(w.ln2_w + V * lane);
         lb.load_ldg(w.ln2_b + V * lane);
         __syncthreads();  // x (and every read of o)
+        stamp(b, 6 + 9 * l);
         layer_norm_rows(lw, lb, rows);
       }
       // f = fp16(GELU(fp16(h Wi^T + bi))) over q, perm_col order over K = F.
@@ -908,6 +922,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
         const float2 bv = warp < F / 8 ? __half22float2(*reinterpret_cast<const __half2*>(w.b_in + colD))
                                        : make_float2(0.f, 0.f);
         __syncthreads();  // h (and every read of q)
+        stamp(b, 7 + 9 * l);
         if (warp < F / 8) {
           const uint32_t fcol = uint32_t(perm_col(colD, F)) * 2u;
 #pragma unroll 1
@@ -927,13 +942,14 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
         }
       }
       // x += f Wf^T + bf.
-      residual_product(std::integral_constant<int, KSF>(), w.w_out, F, w.b_out, aQ, tileQ, F / 16, n_loc);
+      residual_product(std::integral_constant<int, KSF>(), w.w_out, F, w.b_out, aQ, tileQ, F / 16, n_loc, b, 8 + 9 * l);
       // The next layer's LN1, or the final LayerNorm into y (valid rows; zeros on the others).
       const bool last = l + 1 == a.L;
       RowVec<V> lw, lb;
       lw.load_ldg((last ? a.final_w : a.layers[l + 1].ln1_w) + V * lane);
       lb.load_ldg((last ? a.final_b : a.layers[l + 1].ln1_b) + V * lane);
       __syncthreads();  // x
+      stamp(b, 9 + 9 * l);
       if (!last) {
         layer_norm_rows(lw, lb, rows);
       } else {
@@ -956,6 +972,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
       }
       if (C > 1) kvpar ^= 1;
     }
+    stamp(b, 1 + 9 * a.L);
   }
   if (C > 1) cluster_sync();  // no CTA leaves while others' copies still read or write its memory
 }
@@ -1094,7 +1111,7 @@ PersistentModel::PersistentModel(const ModelConfig& config, const DeviceWeights&
 PersistentModel::~PersistentModel() { cudaFree(layers_); }
 
 void model_persistent_forward(const PersistentModel& model, int S, const float* x, const int32_t* lengths, int B,
-                              float* y, cudaStream_t stream, PersistentKernel kind) {
+                              float* y, cudaStream_t stream, PersistentKernel kind, unsigned long long* trace) {
   const ModelConfig& c = model.config();
   auto fail = [](const std::string& what) {
     throw std::invalid_argument("hk::model[cuda.persistent]: " + what);
@@ -1121,6 +1138,7 @@ void model_persistent_forward(const PersistentModel& model, int S, const float* 
   a.eps = float(c.eps);
   a.scale_log2 = float(1.0 / std::sqrt(double(c.head_dim()))) * kLog2e;
   a.causal = c.causal;
+  a.trace = trace;
   if (const int C = cluster_of(kind)) {
     // One sequence per cluster of C CTAs, a grid of one wave of clusters looping over the batch.
     const KernelFn kernel = kernel_of(c.d_model, c.head_dim(), kind);

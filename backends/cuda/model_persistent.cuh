@@ -130,8 +130,18 @@ class PersistentModel {
 // no synchronisation, no allocation, graph-capturable (call supports() once before a capture).
 // Throws std::invalid_argument when !model_persistent_supports(model.config(), S) or a pointer is
 // null / misaligned. B == 0 launches nothing.
+// trace (profiling; column kernels only, ignored by `tiles`): null, or a device buffer of
+// persistent_ctas_per_sequence(kind) * kPersistentTraceWarps rows of persistent_trace_events(L)
+// values, row 16 r + w = warp w of CTA rank r of sequence 0's cluster. Lane 0 of each warp writes
+// its SM clock (clock64) at event 0 = the sequence's start, 1 + 9 l + p = layer l's event p (p: 0
+// q|k|v product starts, 1 it ends, 2 k / v exchange done, 3 attention done, 4 out_proj starts,
+// 5 LN2 starts, 6 ffn_in starts, 7 ffn_out starts, 8 next LN1 / final LayerNorm starts), and
+// 1 + 9 L = the sequence's end. Events 0, 4 .. 8 follow a CTA barrier (equal over the warps).
+constexpr int kPersistentTraceWarps = 16;
+constexpr int persistent_trace_events(int layers) { return 2 + 9 * layers; }
 void model_persistent_forward(const PersistentModel& model, int S, const float* x, const int32_t* lengths, int B,
-                              float* y, cudaStream_t stream, PersistentKernel kind = PersistentKernel::tiles);
+                              float* y, cudaStream_t stream, PersistentKernel kind = PersistentKernel::tiles,
+                              unsigned long long* trace = nullptr);
 
 // Profiler name: "hk::model[cuda.persistent.d128]" / "...d64]" (tiles), "hk::model[cuda.persistent.cols.d128]" /
 // "...cols.d64]" (columns), "...cols.c4.d128]" (columns_c4, ...); "" when D is not served.

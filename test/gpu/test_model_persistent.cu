@@ -508,6 +508,44 @@ void time_case(const char* name, int B, int S, int D, int H, int F, int L, bool 
               name, B, S, D, H, F, L, int(causal), null_lengths ? "null" : "1..S", static_cast<long long>(tokens), med,
               ms.front(), double(tokens) / (med * 1e-3) / 1e6, gemm_flops / (med * 1e-3) / 1e12,
               hk::cuda::model_persistent_name(cfg, g_kind));
+  // HK_TEST_TRACE=1 (column kernels): one more launch with event stamps; per CTA of sequence 0's
+  // cluster, the mean over layers of each interval between the slowest warp's arrivals at two
+  // events (us at the SM's peak clock), the entry (x load, LN1) and the whole span.
+  if (const char* tr = std::getenv("HK_TEST_TRACE");
+      tr && *tr && *tr != '0' && g_kind != hk::cuda::PersistentKernel::tiles) {
+    const int C = hk::cuda::persistent_ctas_per_sequence(g_kind), E = hk::cuda::persistent_trace_events(L);
+    const int W = hk::cuda::kPersistentTraceWarps;
+    const size_t n_stamps = size_t(C) * W * E;
+    unsigned long long* dt = nullptr;
+    CHECK_CUDA(cudaMalloc(&dt, n_stamps * sizeof(unsigned long long)));
+    CHECK_CUDA(cudaMemset(dt, 0, n_stamps * sizeof(unsigned long long)));
+    hk::cuda::model_persistent_forward(pm, S, dx, lp, B, dy, nullptr, g_kind, dt);
+    std::vector<unsigned long long> t(n_stamps);
+    CHECK_CUDA(cudaMemcpy(t.data(), dt, n_stamps * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaFree(dt));
+    int khz = 0;
+    CHECK_CUDA(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+    const double us_per_cycle = 1e3 / double(khz);
+    static const char* const span[9] = {"qkv", "kv_wait", "attention", "wo_issue", "out_proj",
+                                        "ln2",  "ffn_in",  "ffn_out",   "ln1"};
+    std::printf("  trace (len[0] = %d; us, mean of %d layers, slowest warp, %d MHz):", len[0], L, khz / 1000);
+    for (const char* p : span) std::printf(" %9s", p);
+    std::printf("  %9s %9s\n", "entry", "total");
+    for (int r = 0; r < C; ++r) {
+      auto at = [&](int e) {  // the slowest warp's stamp of event e
+        unsigned long long v = 0;
+        for (int w = 0; w < W; ++w) v = std::max(v, t[(size_t(r) * W + w) * E + e]);
+        return double(v);
+      };
+      std::printf("  rank %d%*s", r, 55, "");
+      for (int p = 0; p < 9; ++p) {
+        double sum = 0;
+        for (int l = 0; l < L; ++l) sum += at(2 + 9 * l + p) - at(1 + 9 * l + p);
+        std::printf(" %9.3f", sum / L * us_per_cycle);
+      }
+      std::printf("  %9.3f %9.3f\n", (at(1) - at(0)) * us_per_cycle, (at(E - 1) - at(0)) * us_per_cycle);
+    }
+  }
   CHECK_CUDA(cudaEventDestroy(e0));
   CHECK_CUDA(cudaEventDestroy(e1));
   CHECK_CUDA(cudaFree(dx));
