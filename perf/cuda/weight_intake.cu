@@ -1,0 +1,237 @@
+// How fast the SMs of one thread-block cluster take in a model's weights from L2: the question
+// behind the whole-model column kernel at small batches (model_persistent.cu), where every CTA of
+// a cluster streams every layer's weights (192 KB per layer at D = F = 128) and a CTA without work
+// still needs ~3.3 us per layer for it (perf/RESULTS.md, twenty-fourth lease).
+//
+// Each CTA (16 warps, as the column kernel) takes in `layers` x 192 KB, `reps` times, in units of
+// 32 KB (one weight matrix), a CTA barrier after each unit (the kernel's phase barrier), by:
+//   ldg        every thread loads its 64 bytes of the unit with 16-byte loads into registers
+//   bulk       thread 0 copies the unit into one of two shared-memory slots with one bulk copy
+//              (TMA engine) completing on the slot's mbarrier, one unit ahead of its use
+//   multicast  the same, but each of the cluster's C CTAs copies 1/C of the unit into every CTA's
+//              slot (.multicast::cluster: one L2 read per byte for the whole cluster); a slot is
+//              reused only after every CTA has released it (remote mbarrier arrivals)
+// Reported: bytes each SM received per second and per clock (the SM clock from the device).
+// Built for sm_90a only (.multicast::cluster is optimised for the arch-specific target).
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kUnit = 32 * 1024;
+constexpr int kUnitsPerLayer = 6;
+constexpr int kLayerBytes = kUnit * kUnitsPerLayer;
+
+enum Method : int { ldg = 0, bulk = 1, multicast = 2 };
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// Arrive on the mbarrier at the same offset in CTA `rank` of the cluster.
+__device__ __forceinline__ void mbar_arrive_remote(uint32_t bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_g2s_multicast(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                                   uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::"r"(
+          dst),
+      "l"(src), "r"(bytes), "r"(bar), "h"(mask)
+      : "memory");
+}
+
+// Dynamic shared memory: two slots of kUnit bytes, then full[2] and empty[2] mbarriers.
+__global__ void __launch_bounds__(kThreads, 1)
+    intake_kernel(const uint4* __restrict__ w, int layers, int reps, int method, int C, unsigned* sink) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int tid = int(threadIdx.x);
+  const uint32_t slot0 = smem_u32(smem), bars = slot0 + 2 * kUnit;
+  const uint32_t full[2] = {bars, bars + 8}, empty[2] = {bars + 16, bars + 24};
+  const uint32_t rank = C > 1 ? cluster_rank() : 0u;
+  const int units = reps * layers * kUnitsPerLayer;
+  auto unit_src = [&](int u) {
+    return reinterpret_cast<const char*>(w) + size_t(u % (layers * kUnitsPerLayer)) * kUnit;
+  };
+  unsigned acc = 0u;
+  if (method == ldg) {
+    for (int u = 0; u < units; ++u) {
+      const uint4* p = reinterpret_cast<const uint4*>(unit_src(u));
+#pragma unroll
+      for (int i = 0; i < kUnit / 16 / kThreads; ++i) {
+        const uint4 v = __ldg(p + tid + i * kThreads);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+      }
+      __syncthreads();
+    }
+  } else {
+    if (tid == 0) {
+      for (int s = 0; s < 2; ++s) {
+        mbar_init(full[s], 1);
+        mbar_init(empty[s], uint32_t(C));
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    if (C > 1) cluster_sync();
+    else __syncthreads();
+    const uint16_t mask = uint16_t((1u << C) - 1u);
+    const uint32_t part = uint32_t(kUnit / C);
+    // Unit u goes to slot u & 1; its issue waits for the slot's release of unit u - 2 (multicast:
+    // by every CTA of the cluster, since the copies land in all of them).
+    auto issue = [&](int u) {
+      const int s = u & 1;
+      if (method == multicast && u >= 2) mbar_wait(empty[s], uint32_t(((u >> 1) - 1) & 1));
+      mbar_expect_tx(full[s], kUnit);
+      if (method == bulk) {
+        bulk_g2s(slot0 + uint32_t(s) * kUnit, unit_src(u), kUnit, full[s]);
+      } else {
+        bulk_g2s_multicast(slot0 + uint32_t(s) * kUnit + rank * part, unit_src(u) + rank * part, part, full[s],
+                           mask);
+      }
+    };
+    if (tid == 0) {
+      issue(0);
+      if (units > 1) issue(1);
+    }
+    for (int u = 0; u < units; ++u) {
+      const int s = u & 1;
+      mbar_wait(full[s], uint32_t((u >> 1) & 1));
+      const uint4* p = reinterpret_cast<const uint4*>(smem + s * kUnit);
+#pragma unroll
+      for (int i = 0; i < kUnit / 16 / kThreads; ++i) {
+        const uint4 v = p[tid + i * kThreads];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+      }
+      __syncthreads();  // every thread of this CTA done with slot s
+      if (tid == 0) {
+        if (method == multicast) {
+          for (int r = 0; r < C; ++r) mbar_arrive_remote(empty[s], uint32_t(r));
+        }
+        if (u + 2 < units) issue(u + 2);
+      }
+    }
+    if (C > 1) cluster_sync();  // no CTA exits while copies into it or arrivals on it are in flight
+  }
+  if (acc == 0x12345678u) sink[blockIdx.x] = acc;  // keeps the loads
+}
+
+void BM_Intake(benchmark::State& state) {
+  const int method = int(state.range(0)), C = int(state.range(1)), clusters = int(state.range(2));
+  const int layers = 4, reps = 40;
+  static uint4* w = nullptr;
+  static unsigned* sink = nullptr;
+  if (!w) {
+    std::vector<uint4> host(size_t(layers) * kLayerBytes / 16);
+    for (size_t i = 0; i < host.size(); ++i)
+      host[i] = make_uint4(unsigned(i), unsigned(i * 3), unsigned(i * 5), unsigned(i * 7));
+    if (cudaMalloc(&w, host.size() * 16) != cudaSuccess || cudaMalloc(&sink, 4096 * sizeof(unsigned)) != cudaSuccess ||
+        cudaMemcpy(w, host.data(), host.size() * 16, cudaMemcpyHostToDevice) != cudaSuccess) {
+      state.SkipWithError("device memory");
+      return;
+    }
+  }
+  const size_t smem = 2 * kUnit + 32;
+  cudaFuncSetAttribute(intake_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(C * clusters));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = unsigned(C);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  auto launch = [&] { return cudaLaunchKernelEx(&cfg, intake_kernel, static_cast<const uint4*>(w), layers, reps, method, C, sink); };
+  if (launch() != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+    state.SkipWithError("launch failed");
+    cudaGetLastError();
+    return;
+  }
+  for (auto _ : state) {
+    cudaEventRecord(e0);
+    launch();
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0.f;
+    cudaEventElapsedTime(&ms, e0, e1);
+    state.SetIterationTime(ms * 1e-3);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  int khz = 0;
+  cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
+  const double bytes_per_sm = double(reps) * layers * kLayerBytes;
+  state.counters["GB/s/SM"] =
+      benchmark::Counter(bytes_per_sm * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["B/clk/SM"] =
+      benchmark::Counter(bytes_per_sm / (double(khz) * 1e3), benchmark::Counter::kIsIterationInvariantRate);
+  // Time per layer's 192 KB: total time / (iterations x reps x layers), in us.
+  state.counters["us/layer"] = benchmark::Counter(double(reps) * layers * 1e-6,
+                                                  benchmark::Counter::kIsIterationInvariantRate |
+                                                      benchmark::Counter::kInvert);
+  state.SetLabel(std::string(method == ldg ? "ldg" : method == bulk ? "bulk" : "multicast") + " C=" +
+                 std::to_string(C) + " clusters=" + std::to_string(clusters));
+}
+
+void args(benchmark::internal::Benchmark* b) {
+  for (int clusters : {1, 8})
+    for (int C : {1, 2, 4, 8})
+      for (int m : {int(ldg), int(bulk), int(multicast)})
+        if (m != multicast || C > 1) b->Args({m, C, clusters});
+}
+BENCHMARK(BM_Intake)->Apply(args)->UseManualTime()->Iterations(20)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::printf("hk_bench_intake: no CUDA device\n");
+    return 0;
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
