@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda/ptx.cuh"
+
 namespace {
 
 constexpr int kThreads = 512;
@@ -30,38 +32,11 @@ constexpr int kLayerBytes = kUnit * kUnitsPerLayer;
 
 enum Method : int { ldg = 0, bulk = 1, multicast = 2 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
+using namespace hk::cuda::ptx;
+
 // Arrive on the mbarrier at the same offset in CTA `rank` of the cluster.
 __device__ __forceinline__ void mbar_arrive_remote(uint32_t bar, uint32_t rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_map(bar, rank)) : "memory");
 }
 __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
@@ -106,7 +81,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_init(full[s], 1);
         mbar_init(empty[s], uint32_t(C));
       }
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      fence_mbar_init_cluster();
     }
     if (C > 1) cluster_sync();
     else __syncthreads();
@@ -117,7 +92,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto issue = [&](int u) {
       const int s = u & 1;
       if (method == multicast && u >= 2) mbar_wait(empty[s], uint32_t(((u >> 1) - 1) & 1));
-      mbar_expect_tx(full[s], kUnit);
+      mbar_arrive_expect_tx(full[s], kUnit);
       if (method == bulk) {
         bulk_g2s(slot0 + uint32_t(s) * kUnit, unit_src(u), kUnit, full[s]);
       } else {
