@@ -694,10 +694,12 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
   const int nj_q = (NQ - warp + kWideWarps - 1) / kWideWarps;  // this warp's q | k | v tiles
   const int colD = 8 * warp + 2 * t;                           // out_proj / ffn_out / ffn_in column
   // Phase trace (model_persistent_forward's `trace`): lane 0 of every warp of each CTA of the first
-  // sequence's cluster stamps its SM clock at each event; rows of persistent_trace_events(L) =
-  // 2 + 9 L, row (rank, warp) = 16 rank + warp.
+  // sequence's cluster stamps its SM clock at each event; rows of persistent_trace_events(L),
+  // row (rank, warp) = kPersistentTraceWarps rank + warp.
+  static_assert(kPersistentTraceWarps == kWideWarps, "a trace row per warp");
   auto stamp = [&](int b, int e) {
-    if (a.trace != nullptr && b == 0 && lane == 0) a.trace[(crank * kWideWarps + warp) * (2 + 9 * a.L) + e] = clock64();
+    if (a.trace != nullptr && b == 0 && lane == 0)
+      a.trace[(crank * kWideWarps + warp) * persistent_trace_events(a.L) + e] = clock64();
   };
 
   // x += c + bias over this warp's columns of own row tiles i, i + 1 (`two`).

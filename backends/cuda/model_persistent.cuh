@@ -138,7 +138,7 @@ class PersistentModel {
 // 5 LN2 starts, 6 ffn_in starts, 7 ffn_out starts, 8 next LN1 / final LayerNorm starts), and
 // 1 + 9 L = the sequence's end. Events 0, 4 .. 8 follow a CTA barrier (equal over the warps).
 constexpr int kPersistentTraceWarps = 16;
-constexpr int persistent_trace_events(int layers) { return 2 + 9 * layers; }
+__host__ __device__ constexpr int persistent_trace_events(int layers) { return 2 + 9 * layers; }
 void model_persistent_forward(const PersistentModel& model, int S, const float* x, const int32_t* lengths, int B,
                               float* y, cudaStream_t stream, PersistentKernel kind = PersistentKernel::tiles,
                               unsigned long long* trace = nullptr);
