@@ -233,7 +233,7 @@ Routes routes_from_environment() {
   if (!algo.empty() && algo != "auto") r.pins["gemm_algo"] = algo;
   const std::string qkv_gemm = knob_choice("HK_QKV_GEMM", {"auto", "cublaslt", "mma"});
   if (qkv_gemm == "cublaslt" || qkv_gemm == "mma") r.pins["qkv_gemm"] = qkv_gemm;
-  const std::string chains = knob_choice("HK_CHAINS", {"auto", "off", "persistent", "post_attn_qkv"});
+  const std::string chains = knob_choice("HK_CHAINS", {"auto", "off", "persistent", "post_attn_qkv", "attention_chain"});
   if (!chains.empty() && chains != "auto") r.pins["chains"] = chains;
   const std::string pack = knob_choice("HK_PACK", {"auto", "0", "1"});
   if (pack == "0" || pack == "1") r.pins["pack"] = pack;
@@ -421,6 +421,9 @@ struct CudaEngine::Impl {
   void decide_chains_in_forward(Plan& p, const Ctx& c);
   int choose_segment(Plan& p, const tune::Segment<Ctx>& seg, const Ctx& c);
   int pinned_option(const Plan& p, const tune::Segment<Ctx>& seg) const;
+  // HK_CHAINS pins one chain kernel (post_attn_qkv, attention_chain): its per-layer plan then
+  // stays, tuned or not (no whole-model kernel in its place).
+  bool pinned_chain_kernel() const { return pin_chains == "post_attn_qkv" || pin_chains == "attention_chain"; }
   void decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ctx& c);
   void decide_graph(Plan& p, cudaGraphExec_t g, const Ctx& c);
   void decide_whole_model(Plan& p, const Ctx& c);
@@ -546,7 +549,7 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
     if (!own_only && (pin_layout == "kn" || (routes.tune && pin_layout.empty()))) make_kn_weights(model);
 #if HK_CUDA_HAVE_MODEL_PERSISTENT
     if (precision == Precision::fast && pin_chains != "off" &&
-        ((routes.tune && pin_chains != "post_attn_qkv") || pin_chains == "persistent") &&
+        ((routes.tune && !pinned_chain_kernel()) || pin_chains == "persistent") &&
         std::any_of(std::begin(kPersistentKernels), std::end(kPersistentKernels),
                     [&](PersistentKernel k) { return model_persistent_supports(cfg, S, k); }))
       persistent = std::make_unique<PersistentModel>(cfg, *weights);
@@ -1076,7 +1079,7 @@ void CudaEngine::Impl::build_table(Plan& p) {
   if (persistent && step_pinned && pin_chains != "persistent") {
     p.whole_model_note = "whole-model kernel: not a candidate while a step route is pinned";
   } else if (persistent && precision == Precision::fast && pin_chains != "off" &&
-             ((routes.tune && pin_chains != "post_attn_qkv") || pin_chains == "persistent")) {
+             ((routes.tune && !pinned_chain_kernel()) || pin_chains == "persistent")) {
     // The kernels of model_persistent.cuh: a warp per row tile (tiles), or 16 warps per CTA
     // splitting every product by columns, a sequence on one CTA or on a cluster of 2, 4 or 8
     // (its row tiles dealt out; more CTAs than the sequence has row tiles would idle). Clusters
@@ -1110,7 +1113,7 @@ void CudaEngine::Impl::build_table(Plan& p) {
   // ---- fused chains: candidates against the single kernels they replace ----------------------
   // Own kernels only: the post-attention chain is the only cover of its steps, tuned or not.
   const bool chains =
-      precision == Precision::fast && pin_chains != "off" && (routes.tune || own_only || pin_chains == "post_attn_qkv");
+      precision == Precision::fast && pin_chains != "off" && (routes.tune || own_only || pinned_chain_kernel());
   if (!chains) return;
 #if HK_CUDA_HAVE_POST_ATTN_FUSED
   // The launch-configuration decision of a post-attention chain kernel (warps per CTA, o prefetch,
@@ -1275,6 +1278,45 @@ void CudaEngine::Impl::build_table(Plan& p) {
                                  &Plan::post_attn_decided, tanh_offered ? "post_attn.config" : "post_attn.config.no_tanh");
     add(std::move(k), "post_attn", {"backends/cuda/post_attn_fused"}, inner);
     if (pin_chains != "post_attn_qkv") add_qkv_chain();
+    // attention .. out_proj .. the next layer's qkv_proj (or .. its ln1, or .. final_ln): the
+    // column-split chain with the layer's attention in front, so o never leaves the chip and one
+    // launch per layer replaces two. Dense plans with few rows (its clusters take one sequence
+    // each; the row-per-warp chains win beyond ~16 row blocks per SM), S a multiple of 16 up to 128.
+    const int64_t row_blocks = (p.T + 15) / 16;
+    if (p.packed) {
+      p.chain_notes.push_back("attention chain: the padding-free layout is not served (dense only)");
+    } else if (row_blocks > 16 * int64_t(sm_count)) {
+      p.chain_notes.push_back("attention chain: not offered beyond 16 row blocks per SM");
+    } else if (!post_attn_attention_supports(cfg.d_model, cfg.ffn_dim, cfg.n_heads, S)) {
+      p.chain_notes.push_back("attention chain: (D, F, H, S) outside its limits (D = F = 128 with head_dim 32 or 64 "
+                              "with 16; S a multiple of 16 up to 128; compute capability 9.0+)");
+    } else {
+      for (const bool qkv : {true, false}) {
+        Kernel<Ctx> k;
+        k.name = post_attn_attention_name(cfg.d_model, cfg.ffn_dim, cfg.n_heads, qkv);
+        k.covers = [qkv](const std::vector<Step>& st, size_t at, const Shape&) {
+          if (qkv) {
+            return match_chain(st, at, {StepKind::attention, StepKind::out_proj, StepKind::ln2, StepKind::ffn_in,
+                                        StepKind::ffn_out, StepKind::ln1, StepKind::qkv_proj});
+          }
+          const int n = match_chain(st, at, {StepKind::attention, StepKind::out_proj, StepKind::ln2, StepKind::ffn_in,
+                                             StepKind::ffn_out, StepKind::ln1});
+          return n ? n
+                   : match_chain(st, at, {StepKind::attention, StepKind::out_proj, StepKind::ln2, StepKind::ffn_in,
+                                          StepKind::ffn_out, StepKind::final_ln});
+        };
+        k.run = [E, P, chain_params](Ctx& c, const Step* first, int count) {
+          PostAttnParams q = chain_params(c, first + 1, count - 1);
+          q.o = nullptr;
+          q.qkv_in = static_cast<const __half*>(E->buf.qkv);
+          q.H = E->cfg.n_heads;
+          q.causal = E->cfg.causal;
+          q.attn_scale = P->attn.scale;
+          post_attn_fused(q, c.stream);
+        };
+        add(std::move(k), qkv ? "attn_post_attn_qkv" : "attn_post_attn", {"backends/cuda/post_attn_fused"});
+      }
+    }
   } else {
     p.chain_notes.push_back("post_attn: D " + std::to_string(cfg.d_model) + ", F " + std::to_string(cfg.ffn_dim) +
                             " not supported");
@@ -1529,10 +1571,16 @@ void CudaEngine::Impl::run_inner(Plan& p, const PlannedKernel<Ctx>& k, Ctx& c) {
 }
 
 // HK_CHAINS=post_attn_qkv: the option of `seg` that starts with that chain, else -1.
+// HK_CHAINS=attention_chain: the option starting with the attention chain that also runs the next
+// layer's QKV projection, else the one ending at ln1 / final_ln, else -1.
 int CudaEngine::Impl::pinned_option(const Plan& p, const tune::Segment<Ctx>& seg) const {
-  if (pin_chains != "post_attn_qkv") return -1;
-  for (size_t i = 0; i < seg.options.size(); ++i)
-    if (p.meta[p.index_of(seg.options[i].kernels.front().kernel)].id == "post_attn_qkv") return int(i);
+  if (!pinned_chain_kernel()) return -1;
+  const std::vector<std::string> ids = pin_chains == "post_attn_qkv"
+                                           ? std::vector<std::string>{"post_attn_qkv"}
+                                           : std::vector<std::string>{"attn_post_attn_qkv", "attn_post_attn"};
+  for (const std::string& id : ids)
+    for (size_t i = 0; i < seg.options.size(); ++i)
+      if (p.meta[p.index_of(seg.options[i].kernels.front().kernel)].id == id) return int(i);
   return -1;
 }
 
@@ -1910,8 +1958,8 @@ void CudaEngine::Impl::warm_up(Plan& p, const Ctx& c, cudaStream_t caller_stream
                                       cudaMemcpyDeviceToDevice, capture_stream));
       decide_qkv_chain(p, w);
     }
-    // HK_CHAINS=post_attn_qkv keeps its per-layer plan (no whole-model kernel in its place).
-    if ((routes.tune && pin_chains != "post_attn_qkv") || pin_chains == "persistent") {
+    // HK_CHAINS=post_attn_qkv / attention_chain keeps its per-layer plan (no whole-model kernel in its place).
+    if ((routes.tune && !pinned_chain_kernel()) || pin_chains == "persistent") {
       if (aliased)  // the plan's own run overwrote x: the whole-model decision needs the input
         HK_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(c.x), alias_scratch.get(), x_bytes,
                                       cudaMemcpyDeviceToDevice, capture_stream));

@@ -35,6 +35,7 @@
 #include "common.cuh"
 #include "launch.hpp"
 #include "ptx.cuh"
+#include "tile_attention.cuh"
 #include "wgmma.cuh"
 
 namespace hk::cuda {
@@ -917,8 +918,20 @@ __device__ __forceinline__ void split_stats(const float (&acc)[NT][4], float2* s
 // layer's h goes into the group's f tile (free once every warp's ffn_out has read it: the stats
 // barrier), then warp w computes qkv columns [w 3D/W, (w+1) 3D/W) from it with Wqkv resident in
 // shared memory; h_out is written only when given.
-template <int DP, int FP, int W, bool kRegW, bool kQkv = false>
-__global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_attn_split_kernel(const PostAttnParams p) {
+//
+// kHD > 0 (weights in registers, W = 8): the layer's attention in front (PostAttnParams::qkv_in,
+// head_dim kHD). The grid is made of clusters of S / 16 CTAs, one sequence per cluster at a time
+// and one row block per CTA (its cluster rank = its query tile). Per block: the tile's q rows and
+// the keys / values it sees (causal: up to its last row; never past the length, rows past it
+// zero-filled) are staged in shared memory; warp w runs heads w, w + 8, .. with tile_attention_head
+// (o written over q, so the tile then holds o as the other variants load it), rows past the
+// length set to 0; then the chain as below. With kQkv the next layer's qkv may overwrite this
+// layer's: each CTA arrives on the cluster barrier once its keys / values are staged and waits on
+// it before its first qkv_out store.
+template <int DP, int FP, int W, bool kRegW, bool kQkv, int kHD>
+__device__ __forceinline__ void split_chain(const PostAttnParams& p) {
+  constexpr bool kAttn = kHD > 0;
+  static_assert(!kAttn || (kRegW && W == 8), "attention in front: weights in registers, width 8");
   using T = SplitTile<DP, FP, W, kRegW, kQkv>;
   constexpr int NTW = T::kNTW, NTF = T::kNTF, NTQ = T::kNTQ, SA = T::kSA, SF = T::kSF;
   constexpr int CW = DP / W, FW = FP / W, QW = 3 * DP / W;  // residual / ffn / qkv columns per warp
@@ -964,6 +977,9 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
   float2* stats = reinterpret_cast<float2*>(smem + T::kVecBytes + T::kWeightBytes + size_t(grp) * T::kGroupBytes +
                                             2 * kWarpRows * (size_t(SA) + SF));
   float2* stats2 = stats + W * kWarpRows;
+  // kAttn: keys and values of the cluster's sequence, [S][SA] each, after the (one) group's tiles.
+  const uint32_t s_k = smem_u32(smem) + uint32_t(T::kVecBytes + T::kWeightBytes + T::kGroupBytes);
+  const uint32_t s_v = s_k + uint32_t(p.S * SA) * 2u;
 
   // kRegW: this warp's weight columns as B fragments (empty arrays otherwise).
   uint32_t rwo[kRegW ? NTW : 1][kRegW ? DP / 16 : 1][2];
@@ -995,10 +1011,13 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
   const int64_t nblk = (rows + kWarpRows - 1) / kWarpRows;
   const int64_t stride = int64_t(gridDim.x) * groups;
   int64_t blk = int64_t(grp) * gridDim.x + blockIdx.x;
-  if (blk < nblk) load_o(blk * kWarpRows);
+  if (!kAttn && blk < nblk) load_o(blk * kWarpRows);
   cp_async_commit();
   cp_async_wait_all();
   __syncthreads();  // weights, vectors and the first o tiles visible
+  // kAttn: row blocks per sequence (= the cluster size) and the softmax scale in exp2 units.
+  const int tiles_per_seq = kAttn ? p.S / kWarpRows : 1;
+  const float sl2 = p.attn_scale * 1.4426950408889634f;
 
   const uint32_t a_row = uint32_t((lane & 7) + ((lane >> 3) & 1) * 8);
   const uint32_t a_lane = (a_row * SA + uint32_t(lane >> 4) * 8) * 2u;
@@ -1048,7 +1067,57 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
       acc[j][2] = x1.x - c1;
       acc[j][3] = x1.y - c1;
     }
-    if (!first) {
+    if constexpr (kAttn) {
+      // Attention of this block's 16 query rows, o over q in the tile. The tile and the key /
+      // value region were last read before this block's predecessor's later barriers.
+      const int64_t seq = blk / tiles_per_seq;
+      const int lt = int(blk - seq * tiles_per_seq);
+      const int len = p.lengths ? min(max(p.lengths[seq], 0), p.S) : p.S;
+      const bool active = lt * kWarpRows < len;
+      const int nkt = (len + kWarpRows - 1) / kWarpRows;
+      const int key_rows = active ? kWarpRows * (p.causal ? min(lt + 1, nkt) : nkt) : 0;
+      const int64_t D3 = 3 * int64_t(D);
+      const __half* qkv_seq = p.qkv_in + seq * p.S * D3;
+      constexpr int kChunks = DP / 8;
+      if (active) {
+        for (int i = tid; i < kWarpRows * kChunks; i += int(blockDim.x)) {
+          const int r = i / kChunks, c = (i - r * kChunks) * 8;
+          cp_async_16(tile + uint32_t(r * SA + c) * 2u, qkv_seq + int64_t(lt * kWarpRows + r) * D3 + c, true);
+        }
+        for (int i = tid; i < key_rows * kChunks; i += int(blockDim.x)) {
+          const int r = i / kChunks, c = (i - r * kChunks) * 8;
+          const bool valid = r < len;  // rows past the length: zeros (P is 0 there, V must be finite)
+          const __half* src = qkv_seq + int64_t(r) * D3 + D + c;
+          cp_async_16(s_k + uint32_t(r * SA + c) * 2u, valid ? src : p.qkv_in, valid);
+          cp_async_16(s_v + uint32_t(r * SA + c) * 2u, valid ? src + D : p.qkv_in, valid);
+        }
+      }
+      cp_async_commit();
+      cp_async_wait_all();
+      if constexpr (kQkv) cluster_arrive();  // every read of this layer's qkv by this CTA is done
+      group_sync(bar, kGroupThreads);
+      if (active) {
+        // The tile holds rows lt * 16 .. of the sequence: q_base is shifted back by lt tiles so
+        // that tile_attention's row lt * 16 + i is tile row i.
+        const TileAttention ta = tile_attention<kHD>(tile - uint32_t(lt * kWarpRows * SA) * 2u, SA, s_k, s_v, SA, lt, lane);
+        const int pad0 = max(0, len - lt * kWarpRows);  // first tile row past the length
+        for (int hh = w; hh < p.H; hh += W) {
+          tile_attention_head<kHD>(ta, hh, lt, len, p.causal, sl2, lane);
+          __syncwarp();
+          constexpr int kPairs = kHD / 2;
+          for (int i = lane; i < (kWarpRows - pad0) * kPairs; i += 32) {
+            const int r = pad0 + i / kPairs, c = hh * kHD + 2 * (i % kPairs);
+            st_shared_u32(tile + uint32_t(r * SA + c) * 2u, 0u);
+          }
+        }
+      } else {
+        for (int i = tid; i < kWarpRows * (DP / 2); i += int(blockDim.x)) {
+          const int r = i / (DP / 2), c = 2 * (i - r * (DP / 2));
+          st_shared_u32(tile + uint32_t(r * SA + c) * 2u, 0u);
+        }
+      }
+      group_sync(bar, kGroupThreads);  // o complete
+    } else if (!first) {
       cp_async_wait_all();
       group_sync(bar, kGroupThreads);  // this block's o tile (issued during the last block) visible
     }
@@ -1097,7 +1166,7 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
       group_sync(bar, kGroupThreads);  // f complete; the h tile is free
     }
     // The next block's o into the tile while this one finishes.
-    if (blk + stride < nblk) load_o((blk + stride) * kWarpRows);
+    if (!kAttn && blk + stride < nblk) load_o((blk + stride) * kWarpRows);
     cp_async_commit();
     // ffn_out + residual + bf
     if constexpr (kRegW) {
@@ -1131,6 +1200,7 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
         }
       }
       group_sync(bar, kGroupThreads);  // the next h complete
+      if constexpr (kAttn) cluster_wait();  // every CTA of the sequence has its keys / values
       float qa[NTQ][4];
 #pragma unroll
       for (int j = 0; j < NTQ; ++j) qa[j][0] = qa[j][1] = qa[j][2] = qa[j][3] = 0.f;
@@ -1182,6 +1252,20 @@ __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_
     }
   }
   cp_async_wait_all();
+}
+
+template <int DP, int FP, int W, bool kRegW, bool kQkv = false, int kHD = 0>
+__global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_attn_split_kernel(const PostAttnParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  // The attention variants run in clusters (compute capability 9.0+): no code before sm_90.
+  if constexpr (kHD > 0) {
+    __trap();
+  } else {
+    split_chain<DP, FP, W, kRegW, kQkv, kHD>(p);
+  }
+#else
+  split_chain<DP, FP, W, kRegW, kQkv, kHD>(p);
+#endif
 }
 
 // ---- launch layer --------------------------------------------------------------------------------
@@ -1527,6 +1611,68 @@ void split_candidates(int64_t rows, std::vector<PostAttnConfig>& out) {
   }
 }
 
+// ---- column-split kernel with the attention in front: launch layer -------------------------------
+// One head_dim per D (the instantiations the engine's models use: D = 128 with 4 heads, D = 64
+// with 4 heads).
+template <int DP>
+constexpr int attn_head_dim() {
+  return DP == 128 ? 32 : 16;
+}
+constexpr int kAttnMaxS = 128;  // a sequence's row blocks = one cluster of at most 8 CTAs
+
+template <int DP, bool kQkv>
+size_t attn_smem_bytes(int S) {
+  return split_smem_bytes<DP, DP, 8, true, kQkv>(1) + round_up(2 * size_t(S) * size_t(DP + 8) * 2, 128);
+}
+
+template <int DP, bool kQkv>
+void raise_attn_smem_limit() {
+  static const bool done = [] {
+    HK_CUDA_CHECK(cudaFuncSetAttribute(post_attn_split_kernel<DP, DP, 8, true, kQkv, attn_head_dim<DP>()>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, device_limits().smem_optin));
+    return true;
+  }();
+  (void)done;
+}
+
+template <int DP>
+bool attn_fits(int S) {
+  // Code for sm_90+ (pdl_compiled: the kernels' binary version; before it they trap) and room for
+  // the keys and values next to Wqkv.
+  if (!pdl_compiled(reinterpret_cast<const void*>(post_attn_split_kernel<DP, DP, 8, true, true, attn_head_dim<DP>()>)) ||
+      !pdl_compiled(reinterpret_cast<const void*>(post_attn_split_kernel<DP, DP, 8, true, false, attn_head_dim<DP>()>))) {
+    return false;
+  }
+  if (attn_smem_bytes<DP, true>(S) > size_t(device_limits().smem_optin)) return false;
+  raise_attn_smem_limit<DP, true>();
+  raise_attn_smem_limit<DP, false>();
+  return true;
+}
+
+template <int DP>
+void launch_attn(const PostAttnParams& p, cudaStream_t stream) {
+  auto run = [&](auto qc) {
+    constexpr bool kQkv = decltype(qc)::value;
+    const auto kernel = post_attn_split_kernel<DP, DP, 8, true, kQkv, attn_head_dim<DP>()>;
+    raise_attn_smem_limit<DP, kQkv>();
+    const size_t smem = attn_smem_bytes<DP, kQkv>(p.S);
+    int occ = 0;
+    HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, 8 * 32, smem));
+    if (occ < 1) throw std::invalid_argument("hk::post_attn[cuda.fused.attn]: kernel does not fit on an SM");
+    const int csize = p.S / kWarpRows;
+    const int64_t B = p.rows / p.S;
+    // One sequence per cluster at a time; about one wave of clusters loops over the batch.
+    const int64_t clusters = std::min<int64_t>(B, std::max<int64_t>(1, int64_t(occ) * device_limits().sms / csize));
+    launch_pdl_cluster(kernel, dim3(unsigned(clusters * csize)), dim3(8 * 32), dim3(unsigned(csize)), smem, stream, p);
+    HK_CUDA_CHECK_LAUNCH();
+  };
+  if (p.qkv_out) {
+    run(std::true_type{});
+  } else {
+    run(std::false_type{});
+  }
+}
+
 bool aligned(const void* ptr, uintptr_t a) { return (reinterpret_cast<uintptr_t>(ptr) & (a - 1)) == 0; }
 
 void validate(const PostAttnParams& p) {
@@ -1535,7 +1681,7 @@ void validate(const PostAttnParams& p) {
   };
   if (!post_attn_fused_supports(p.D, p.F)) fail("unsupported D / F (multiples of 8 up to 256)");
   if (p.rows < 0 || p.rows > INT32_MAX) fail("row count outside [0, 2^31)");
-  if (!p.o || !p.x_in || !p.w_o || !p.b_o || !p.ln2_w || !p.ln2_b || !p.w_in || !p.b_in || !p.w_out || !p.b_out ||
+  if ((!p.o && !p.qkv_in) || !p.x_in || !p.w_o || !p.b_o || !p.ln2_w || !p.ln2_b || !p.w_in || !p.b_in || !p.w_out || !p.b_out ||
       !p.ln_next_w || !p.ln_next_b) {
     fail("null input pointer");
   }
@@ -1551,7 +1697,16 @@ void validate(const PostAttnParams& p) {
   if (p.x_rows && (p.tail || static_cast<const void*>(p.x_out) == static_cast<const void*>(p.x_in))) {
     fail("x_rows (gathered residual) only outside the tail, with x_out another buffer than x_in");
   }
-  if (!aligned(p.o, 16) || !aligned(p.w_o, 16) || !aligned(p.w_in, 16) || !aligned(p.w_out, 16)) {
+  if (p.qkv_in) {
+    if (!post_attn_attention_supports(p.D, p.F, p.H, p.S)) {
+      fail("attention in the chain: unsupported D / F / H / S or device (post_attn_attention_supports)");
+    }
+    if (p.rows % p.S != 0) fail("attention in the chain: rows must be B * S (the dense layout)");
+    if (p.row_dst || p.x_rows) fail("attention in the chain: the dense layout only (no row_dst / x_rows)");
+    if (!aligned(p.qkv_in, 16)) fail("qkv_in must be 16-byte aligned");
+    if (!(p.attn_scale > 0.f)) fail("attention in the chain: attn_scale must be > 0");
+  }
+  if ((!p.qkv_in && !aligned(p.o, 16)) || !aligned(p.w_o, 16) || !aligned(p.w_in, 16) || !aligned(p.w_out, 16)) {
     fail("o and the weights must be 16-byte aligned");
   }
   if (!aligned(p.x_in, 8) || (p.tail ? !aligned(p.y, 8) : (!aligned(p.x_out, 8) || !aligned(p.h_out, 16)))) {
@@ -1602,11 +1757,12 @@ bool post_attn_fused_supports(int D, int F) {
 
 void post_attn_fused(const PostAttnParams& p, cudaStream_t stream, const PostAttnConfig& config) {
   validate(p);
-  if (p.qkv_out && !(config.split >= 8 && split_supported(p.D, p.F))) {
+  if (p.qkv_out && !p.qkv_in && !(config.split >= 8 && split_supported(p.D, p.F))) {
     throw std::invalid_argument(
         "hk::post_attn[cuda.fused]: qkv_out needs the column-split kernel of width 8 (D = F = 64 or 128)");
   }
   if (p.rows == 0) return;
+  if (p.qkv_in) return p.D == 64 ? launch_attn<64>(p, stream) : launch_attn<128>(p, stream);
   if (config.split > 0 && split_supported(p.D, p.F)) {
     return p.D == 64 ? launch_split<64, 64>(p, stream, config) : launch_split<128, 128>(p, stream, config);
   }
@@ -1668,6 +1824,21 @@ std::vector<PostAttnConfig> post_attn_qkv_candidates(int D, int F, int64_t rows)
 const char* post_attn_qkv_name(int D, int F) {
   if (!split_supported(D, F)) return "";
   return D == 64 ? "hk::post_attn[cuda.fused.d64.qkv]" : "hk::post_attn[cuda.fused.d128.qkv]";
+}
+
+bool post_attn_attention_supports(int D, int F, int H, int S) {
+  if (!split_supported(D, F) || H < 1 || D % H != 0 || S < kWarpRows || S > kAttnMaxS || S % kWarpRows != 0) {
+    return false;
+  }
+  if (D / H != (D == 64 ? attn_head_dim<64>() : attn_head_dim<128>())) return false;
+  if (!post_attn_fused_supports(D, F)) return false;
+  return D == 64 ? attn_fits<64>(S) : attn_fits<128>(S);
+}
+
+const char* post_attn_attention_name(int D, int F, int H, bool qkv) {
+  if (!split_supported(D, F) || H < 1 || D % H != 0 || D / H != (D == 64 ? 16 : 32)) return "";
+  if (D == 64) return qkv ? "hk::post_attn[cuda.fused.d64.attn.qkv]" : "hk::post_attn[cuda.fused.d64.attn]";
+  return qkv ? "hk::post_attn[cuda.fused.d128.attn.qkv]" : "hk::post_attn[cuda.fused.d128.attn]";
 }
 
 const char* post_attn_fused_name(int D, int F) {

@@ -58,6 +58,18 @@ struct PostAttnParams {
   const __half* w_qkv = nullptr;  // [3D, D] (nn.Linear [out, in]), 16-byte aligned
   const __half* b_qkv = nullptr;  // [3D]
   __half* qkv_out = nullptr;      // [rows, 3D], 4-byte aligned
+  // The layer's attention in the chain (post_attn_attention_supports): o is not read; each 16-row
+  // block's o = softmax(q k^T * attn_scale, padding mask [, causal]) v is computed on chip from
+  // qkv_in ([rows, 3D], q | k | v, head h at columns h * D / H of each; 16-byte aligned), in the
+  // dense layout only: rows = B * S, sequence b's rows b S .. b S + S - 1, S a multiple of 16 and at
+  // most 128, lengths (null = all S) as the attention step reads them; rows at or past a sequence's
+  // length get o = 0. qkv_out may be qkv_in (the next layer's q | k | v over this layer's): the
+  // CTAs of one sequence form a thread-block cluster and none writes qkv_out before every one of
+  // them has read the keys and values it needs. Null: o is read as given.
+  const __half* qkv_in = nullptr;
+  int H = 0;
+  bool causal = false;
+  float attn_scale = 0.f;
   bool tail = false;
   int64_t rows = 0;
   int D = 0;
@@ -157,6 +169,18 @@ bool post_attn_qkv_supports(int D, int F);
 std::vector<PostAttnConfig> post_attn_qkv_candidates(int D, int F, int64_t rows);
 // "hk::post_attn[cuda.fused.d128.qkv]" / "...d64.qkv]"; "" if unsupported.
 const char* post_attn_qkv_name(int D, int F);
+
+// The chain with the layer's attention in front (PostAttnParams::qkv_in): the column-split kernel
+// of width 8 with the chain's weights in registers, for (D, head_dim) = (128, 32) or (64, 16) with
+// D = F, S a multiple of 16 up to 128 (the dense layout; sequence b's S / 16 row blocks run on one
+// cluster of S / 16 CTAs, each one row block), on compute capability 9.0 and later; with or without
+// qkv_out, or as the tail. One configuration, launched by post_attn_fused with any config (the
+// config is ignored). The keys and values of a sequence are staged in shared memory, so
+// (S, D) must also fit the device's shared memory next to Wqkv.
+bool post_attn_attention_supports(int D, int F, int H, int S);
+// "hk::post_attn[cuda.fused.d128.attn.qkv]", "...d128.attn]" (h_out or tail), d64 likewise; ""
+// if unsupported.
+const char* post_attn_attention_name(int D, int F, int H, bool qkv);
 
 // Profiler name of the kernel (D, F) runs on, e.g. "hk::post_attn[cuda.fused.d128]",
 // "hk::post_attn[cuda.fused.d256.stream]", "hk::post_attn[cuda.fused.pad128]"; "" if unsupported.

@@ -93,6 +93,23 @@ __device__ __forceinline__ void cluster_sync() {
   __trap();
 #endif
 }
+// The two halves of cluster_sync, for work between them: arrive (release: this thread's memory
+// accesses before it, shared and global, are performed for the cluster) and wait (acquire).
+// Every thread of every CTA calls each once per phase, in this order.
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
 __device__ __forceinline__ uint32_t cluster_map(uint32_t smem_addr, uint32_t rank) {
   uint32_t r = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

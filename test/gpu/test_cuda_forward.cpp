@@ -652,6 +652,79 @@ int run_post_attn_qkv_case(const Case& c, const std::string& cache_dir) {
   return t.failures();
 }
 
+// ---- the post-attention chain with the layer's attention in front --------------------------------
+// HK_CHAINS=attention_chain pins it (untuned, dense): in every layer where the model has it (D = F
+// = 128 with head_dim 32, D = F = 64 with head_dim 16; S a multiple of 16 up to 128; compute
+// capability 9.0+), the last layer's ending at the final LayerNorm; within budget against the
+// float64 reference with padded rows exactly 0; forward_device gives the host path's bits, also
+// on a second forward with other lengths (the captured graph reads them on the device).
+int run_attention_chain_case(const Case& c) {
+  Table t(c);
+  std::printf("---- attention_chain %s: B=%d S=%d D=%d H=%d F=%d L=%d %s\n", c.name.c_str(), c.B, c.S, c.D, c.H, c.F,
+              c.L, c.causal ? "causal" : "bidirectional");
+  const hk::ModelConfig cfg = config_of(c);
+  const uint64_t seed = uint64_t(c.B * 4243 + c.S * 37 + c.D * 3 + c.L);
+  Runner run{c, hk::synthetic_model(cfg, seed, c.nontrivial_ln), nullptr};
+  HK_TEST_CUDA(cudaStreamCreateWithFlags(&run.stream, cudaStreamNonBlocking));
+  const size_t n = size_t(c.B) * c.S * c.D;
+  const std::vector<float> x1 = hk::synthetic_input(c.B, c.S, c.D, seed);
+  auto count = [](const std::string& plan, const char* what) {
+    int k = 0;
+    for (size_t at = plan.find(what); at != std::string::npos; at = plan.find(what, at + 1)) ++k;
+    return k;
+  };
+  int major = 0;
+  HK_TEST_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  const int want = major >= 9 ? c.L : 0;
+  try {
+    Routes r;
+    r.pins["chains"] = "attention_chain";
+    r.pins["pack"] = "0";
+    auto e = run.engine(Precision::fast, r);
+    const std::string plan = e->explain(c.B);
+    const int with_qkv = count(plan, ".attn.qkv]"), all = count(plan, ".attn");
+    t.row("plan", std::to_string(all) + " attention chains, " + std::to_string(with_qkv) + " with QKV",
+          all == want && with_qkv == std::max(0, want - 1), "expected " + std::to_string(want));
+    for (int round = 0; round < 2; ++round) {
+      std::vector<int32_t> lengths = make_lengths(c, seed + uint64_t(round) * 977);
+      if (lengths.empty()) lengths.assign(size_t(c.B), c.S);
+      if (round == 1)  // other lengths, the same plan and graph
+        for (size_t b = 0; b < lengths.size(); ++b) lengths[b] = std::max(0, c.S - lengths[b]);
+      int64_t tokens = 0;
+      for (int32_t l : lengths) tokens += l;
+      const std::vector<double> ref =
+          hk::test::naive_forward(run.model, std::vector<double>(x1.begin(), x1.end()), c.B, c.S, lengths);
+      std::vector<float> yh(n, NAN);
+      e->forward(x1.data(), lengths.data(), c.B, yh.data());
+      const double ratio = hk::test::budget_ratio(yh.data(), ref);
+      const std::string tag = round == 0 ? "host" : "host, new lengths";
+      t.row(tag, "ratio " + fmt("%.3g", ratio), ratio <= 1.0 && padded_rows_zero(c, yh, lengths));
+      DevBuf xd(n * 4), yd(n * 4), ld(size_t(c.B) * 4 + 4);
+      xd.upload(x1);
+      ld.upload(lengths);
+      yd.poison();
+      e->forward_device(xd.get<float>(), ld.get<int32_t>(), c.B, yd.get<float>(), run.stream, tokens);
+      HK_TEST_CUDA(cudaStreamSynchronize(run.stream));
+      t.row(round == 0 ? "device" : "device, new lengths", "== host bits", same_bits(yd.download<float>(n), yh));
+    }
+  } catch (const hk::Error& err) {
+    t.row("attention_chain", "threw", false, err.what());
+  }
+  cudaStreamDestroy(run.stream);
+  return t.failures();
+}
+
+TEST(CudaForward, AttentionChain) {
+  header();
+  int failures = 0;
+  const std::vector<Case> spec = spec_cases();
+  for (int id : {2, 4}) failures += run_attention_chain_case(spec[size_t(id - 1)]);
+  failures += run_attention_chain_case({"S=48 D=128 H=4 F=128 L=3", 5, 48, 128, 4, 128, 3, true, true, Lens::edge});
+  failures += run_attention_chain_case({"S=16 D=64 H=4 F=64 L=2", 9, 16, 64, 4, 64, 2, false, true, Lens::random});
+  failures += run_attention_chain_case({"S=128 D=128 H=4 F=128 L=2 all S", 3, 128, 128, 4, 128, 2, true, false, Lens::full});
+  EXPECT_EQ(failures, 0);
+}
+
 TEST(CudaForward, PostAttentionChainWithQkv) {
   header();
   int failures = 0;

@@ -1034,6 +1034,190 @@ QkvOutcome run_qkv_case(const QkvCase& c, uint64_t seed) {
   return out;
 }
 
+// ---- the chain with the layer's attention in front (PostAttnParams::qkv_in) -------------------------
+struct AttnCase {
+  int B = 1, S = 128, D = 128;
+  bool causal = true;
+  Lens lens = Lens::random;
+  enum class Out { h, qkv, qkv_inplace, tail } out = Out::qkv;
+  bool graph = false;
+};
+const char* attn_out_name(AttnCase::Out o) {
+  return o == AttnCase::Out::h ? "h_out" : o == AttnCase::Out::qkv ? "qkv_out" : o == AttnCase::Out::qkv_inplace ? "qkv_in=out" : "tail";
+}
+
+struct AttnOutcome {
+  long bad_x = 0, bad_ln = 0, bad_qkv = 0, unwritten = 0, pad_nonzero = 0, guard = 0;
+  double x_err = 0, ln_ratio = 0, qkv_ratio = 0;
+  std::string error;
+  bool ok() const {
+    return error.empty() && bad_x == 0 && bad_ln == 0 && bad_qkv == 0 && unwritten == 0 && pad_nonzero == 0 &&
+           guard == 0;
+  }
+};
+
+// Float64 reference: o of every row from the fp16 q / k / v (softmax over keys < length, and
+// <= the row under causal; rows at or past the length o = 0), rounded to fp16 as the kernel stores
+// it, then the chain (reference_row) and, for qkv_out, fp16(h) Wqkv^T + bqkv. Token rows of qkv_in
+// at or past a sequence's length hold NaN (the kernel must not read them as keys or values; a
+// padded row's own q only reaches its own o, which is zeroed). x_out within 4e-3 (the o rounding
+// and the fp16 P of the kernel's softmax on top of the chain's 1e-3), h_out / y / qkv within the
+// MODEL.md budget max(2e-3, 0.02 |ref|); tail: padded rows of y exactly 0; 16 guard rows of every
+// output untouched.
+AttnOutcome run_attn_case(const AttnCase& c, uint64_t seed) {
+  AttnOutcome out;
+  std::mt19937_64 rng(seed);
+  const int D = c.D, F = c.D, N = 3 * c.D, H = 4, hd = D / H;
+  const int64_t rows = int64_t(c.B) * c.S, alloc = rows + kGuardRows;
+  const Model m = make_model(D, F, rng);
+  const DevModel dm(m);
+  std::vector<__half> wq(static_cast<size_t>(N) * D), bq(static_cast<size_t>(N));
+  const double ad = 1.0 / std::sqrt(double(D));
+  std::uniform_real_distribution<double> uq(-ad, ad);
+  for (auto& v : wq) v = __double2half(uq(rng));
+  for (auto& v : bq) v = __double2half(uq(rng));
+  std::vector<int32_t> len(static_cast<size_t>(c.B), c.S);
+  for (int b = 0; b < c.B; ++b) {
+    if (c.lens == Lens::random) len[size_t(b)] = std::uniform_int_distribution<int>(1, c.S)(rng);
+    if (c.lens == Lens::edge) len[size_t(b)] = b % 3 == 0 ? 0 : (b % 3 == 1 ? 1 : c.S);
+  }
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::vector<__half> qkv(size_t(alloc) * N);
+  std::vector<float> x(size_t(alloc) * D);
+  __half nan16;  // the poison pattern (0xFFFF, a NaN): guard rows of an in-place qkv_out must keep it
+  const uint16_t nan_bits = 0xFFFFu;
+  std::memcpy(&nan16, &nan_bits, 2);
+  for (int64_t r = 0; r < alloc; ++r) {
+    const bool token = r < rows && (c.lens == Lens::none || r % c.S < len[size_t(r / c.S)]);
+    for (int n = 0; n < N; ++n) qkv[size_t(r) * N + n] = token ? __double2half(nd(rng)) : nan16;
+    for (int k = 0; k < D; ++k) x[size_t(r) * D + k] = r < rows ? float(nd(rng)) : std::nanf("");
+  }
+  // Reference o (fp16-rounded).
+  const double scale = 1.0 / std::sqrt(double(hd));
+  std::vector<__half> o(size_t(rows) * D, __float2half(0.f));
+  for (int b = 0; b < c.B; ++b) {
+    const int L = c.lens == Lens::none ? c.S : len[size_t(b)];
+    for (int s = 0; s < L; ++s) {
+      const size_t qr = size_t(b) * c.S + size_t(s);
+      const int kend = c.causal ? s + 1 : L;
+      for (int h = 0; h < H; ++h) {
+        std::vector<double> sc(static_cast<size_t>(kend));
+        double mx = -INFINITY;
+        for (int j = 0; j < kend; ++j) {
+          const size_t kr = size_t(b) * c.S + size_t(j);
+          double d = 0;
+          for (int e = 0; e < hd; ++e) d += h2d(qkv[qr * N + size_t(h * hd + e)]) * h2d(qkv[kr * N + size_t(D + h * hd + e)]);
+          sc[size_t(j)] = d * scale;
+          mx = std::max(mx, sc[size_t(j)]);
+        }
+        double sum = 0;
+        for (auto& v : sc) sum += (v = std::exp(v - mx));
+        for (int e = 0; e < hd; ++e) {
+          double acc = 0;
+          for (int j = 0; j < kend; ++j) acc += sc[size_t(j)] * h2d(qkv[(size_t(b) * c.S + size_t(j)) * N + size_t(2 * D + h * hd + e)]);
+          o[qr * D + size_t(h * hd + e)] = __double2half(acc / sum);
+        }
+      }
+    }
+  }
+  const bool tail = c.out == AttnCase::Out::tail, with_qkv = c.out == AttnCase::Out::qkv || c.out == AttnCase::Out::qkv_inplace;
+  Dev<__half> d_qkv(qkv.size()), d_wq(wq.size()), d_bq(bq.size()), d_h(size_t(alloc) * D), d_qo(size_t(alloc) * N);
+  Dev<float> d_x(x.size()), d_xo(x.size()), d_y(x.size());
+  Dev<int32_t> d_len(len.size());
+  d_qkv.up(qkv);
+  d_x.up(x);
+  d_wq.up(wq);
+  d_bq.up(bq);
+  d_len.up(len);
+  d_xo.poison();
+  d_h.poison();
+  d_qo.poison();
+  d_y.poison();
+  PostAttnParams p = dm.params(m);
+  p.qkv_in = d_qkv.p;
+  p.H = H;
+  p.causal = c.causal;
+  p.attn_scale = float(scale);
+  p.S = c.S;
+  p.lengths = c.lens == Lens::none ? nullptr : d_len.p;
+  p.x_in = d_x.p;
+  p.rows = rows;
+  p.tail = tail;
+  if (tail) {
+    p.y = d_y.p;
+  } else {
+    p.x_out = d_xo.p;
+    if (with_qkv) {
+      p.w_qkv = d_wq.p;
+      p.b_qkv = d_bq.p;
+      p.qkv_out = c.out == AttnCase::Out::qkv_inplace ? d_qkv.p : d_qo.p;
+    } else {
+      p.h_out = d_h.p;
+    }
+  }
+  out.error = launch_sync(p, PostAttnConfig{}, c.graph);
+  if (!out.error.empty()) return out;
+  const std::vector<float> xo = d_xo.down(), y = d_y.down();
+  const std::vector<__half> h = d_h.down(), qo = c.out == AttnCase::Out::qkv_inplace ? d_qkv.down() : d_qo.down();
+  std::vector<double> rx, rln;
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool valid = c.lens == Lens::none || r % c.S < len[size_t(r / c.S)];
+    reference_row(m, &o[size_t(r) * D], &x[size_t(r) * D], 1e-5, rx, rln);
+    for (int k = 0; k < D; ++k) {
+      const size_t i = size_t(r) * D + size_t(k);
+      const double lt = std::max(2e-3, 0.02 * std::fabs(rln[size_t(k)]));
+      if (tail) {
+        if (poison_f32(y[i])) ++out.unwritten;
+        else if (!valid) out.pad_nonzero += y[i] != 0.f;
+        else if (!(std::fabs(double(y[i]) - rln[size_t(k)]) <= lt)) ++out.bad_ln;
+        if (valid) out.ln_ratio = std::max(out.ln_ratio, std::fabs(double(y[i]) - rln[size_t(k)]) / lt);
+        continue;
+      }
+      const double ex = std::fabs(double(xo[i]) - rx[size_t(k)]);
+      if (poison_f32(xo[i])) ++out.unwritten;
+      else if (!(ex <= 4e-3)) ++out.bad_x;
+      out.x_err = std::max(out.x_err, std::isfinite(ex) ? ex : 1e30);
+      if (c.out == AttnCase::Out::h) {
+        const double e = std::fabs(h2d(h[i]) - rln[size_t(k)]);
+        if (poison_f16(h[i])) ++out.unwritten;
+        else if (!(e <= lt)) ++out.bad_ln;
+        out.ln_ratio = std::max(out.ln_ratio, std::isfinite(e) ? e / lt : 1e30);
+      }
+    }
+    if (with_qkv) {
+      for (int n = 0; n < N; ++n) {
+        const __half got = qo[size_t(r) * N + size_t(n)];
+        if (poison_f16(got)) {
+          ++out.unwritten;
+          continue;
+        }
+        double ref = h2d(bq[size_t(n)]);
+        for (int k = 0; k < D; ++k) ref += round_f16(rln[size_t(k)]) * h2d(wq[size_t(n) * D + size_t(k)]);
+        const double tol = std::max(2e-3, 0.02 * std::fabs(ref)), e = std::fabs(h2d(got) - ref);
+        if (!(e <= tol)) ++out.bad_qkv;
+        out.qkv_ratio = std::max(out.qkv_ratio, std::isfinite(e) ? e / tol : 1e30);
+      }
+    }
+  }
+  for (int64_t r = rows; r < alloc; ++r) {
+    for (int k = 0; k < D; ++k) {
+      const size_t i = size_t(r) * D + size_t(k);
+      out.guard += !poison_f32(xo[i]) + !poison_f32(y[i]) + !poison_f16(h[i]);
+    }
+    for (int n = 0; n < N; ++n) out.guard += !poison_f16(qo[size_t(r) * N + size_t(n)]);
+  }
+  // Outputs a variant does not have stay poisoned.
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int k = 0; k < D; ++k) {
+      const size_t i = size_t(r) * D + size_t(k);
+      if (tail) out.guard += !poison_f32(xo[i]);
+      else out.guard += !poison_f32(y[i]);
+      if (c.out != AttnCase::Out::h) out.guard += !poison_f16(h[i]);
+    }
+  }
+  return out;
+}
+
 int main() {
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -1462,6 +1646,53 @@ int main() {
       if (cands.empty()) {
         std::printf("%-4d post_attn_qkv D=%d rows=%lld: no candidate: FAIL\n", n, D, (long long)rows);
         ++failures;
+        ++n;
+      }
+    }
+  }
+  // The chain with the attention in front: (D, head_dim) = (128, 32) and (64, 16), S from one row
+  // block to 128 (clusters of 1-8 CTAs), one sequence and many (the grid's loop over sequences),
+  // causal or not, lengths null / random / 0-1-S, every output variant incl. qkv_out over qkv_in.
+  {
+    const bool have = hk::cuda::post_attn_attention_supports(128, 128, 4, 128) &&
+                      hk::cuda::post_attn_attention_supports(64, 64, 4, 64);
+    int major = 0;
+    CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+    const bool refused = !hk::cuda::post_attn_attention_supports(128, 128, 8, 128) &&
+                         !hk::cuda::post_attn_attention_supports(128, 128, 4, 136) &&
+                         !hk::cuda::post_attn_attention_supports(128, 128, 4, 40) &&
+                         !hk::cuda::post_attn_attention_supports(256, 256, 8, 128);
+    const bool ok = refused && (have || major < 9);
+    std::printf("%-4d attention in the chain: supported at D=128/H=4 and D=64/H=4 (S <= 128, S %% 16 == 0) on cc >= 9, "
+                "refused for H=8, S=136, S=40, D=256: %s\n", n, ok ? "PASS" : "FAIL");
+    failures += ok ? 0 : 1;
+    ++n;
+    if (have) {
+      using O = AttnCase::Out;
+      const AttnCase cases[] = {
+          {1, 128, 128, true, Lens::random, O::qkv_inplace, false},
+          {1, 128, 128, true, Lens::none, O::qkv, false},
+          {1, 128, 128, true, Lens::random, O::tail, false},
+          {1, 128, 128, false, Lens::random, O::h, false},
+          {3, 128, 128, false, Lens::edge, O::qkv_inplace, false},
+          {3, 128, 128, true, Lens::edge, O::tail, true},
+          {40, 128, 128, true, Lens::random, O::qkv_inplace, false},
+          {40, 128, 128, false, Lens::random, O::tail, false},
+          {5, 32, 128, true, Lens::random, O::qkv, true},
+          {300, 16, 128, true, Lens::random, O::qkv_inplace, false},
+          {7, 48, 64, true, Lens::random, O::qkv_inplace, false},
+          {7, 48, 64, false, Lens::edge, O::tail, false},
+          {2, 64, 64, true, Lens::none, O::h, false},
+          {33, 112, 64, true, Lens::random, O::qkv_inplace, true},
+      };
+      for (const AttnCase& c : cases) {
+        const AttnOutcome r = run_attn_case(c, 9000 + uint64_t(n));
+        std::printf("%-4d attn chain D=%-3d B=%-3d S=%-3d causal=%d lens=%-5s %-10s graph=%d  x err %.2e  ln ratio %.3f  "
+                    "qkv ratio %.3f  bad x/ln/qkv %ld/%ld/%ld unwritten %ld pad %ld guard %ld %s: %s\n",
+                    n, c.D, c.B, c.S, int(c.causal), lens_name(c.lens), attn_out_name(c.out), int(c.graph), r.x_err,
+                    r.ln_ratio, r.qkv_ratio, r.bad_x, r.bad_ln, r.bad_qkv, r.unwritten, r.pad_nonzero, r.guard,
+                    r.error.c_str(), r.ok() ? "PASS" : "FAIL");
+        failures += r.ok() ? 0 : 1;
         ++n;
       }
     }
