@@ -1705,6 +1705,7 @@ void CudaEngine::Impl::decide_chains_in_forward(Plan& p, const Ctx& c) {
     std::vector<std::string> ids;  // per option
     std::vector<std::string> sources;  // of every option's kernels and of the plan as chosen
     int chosen = 0;
+    int count = 0;  // steps of the segment
   };
   std::vector<std::string> plan_sources;
   for (const auto& k : p.kernels) {
@@ -1717,6 +1718,7 @@ void CudaEngine::Impl::decide_chains_in_forward(Plan& p, const Ctx& c) {
     if (seg.count < 2 || seg.options.size() < 2 || pinned_option(p, seg) >= 0) continue;
     Label l;
     l.text = tune::segment_label(steps, seg.first, seg.count);
+    l.count = seg.count;
     bool seen = false;
     for (const Label& o : labels) seen = seen || o.text == l.text;
     if (seen) continue;
@@ -1736,6 +1738,11 @@ void CudaEngine::Impl::decide_chains_in_forward(Plan& p, const Ctx& c) {
     l.sources.erase(std::unique(l.sources.begin(), l.sources.end()), l.sources.end());
     labels.push_back(std::move(l));
   }
+  // The longest segments first: a chain that starts inside a shorter label's segment (the
+  // attention chain inside QKV + attention's) is only a segment of the plan while that shorter
+  // label's chain is not forced, so it is compared before; the shorter labels are then decided
+  // with it in place. Ties keep the plan's order.
+  std::stable_sort(labels.begin(), labels.end(), [](const Label& a, const Label& b) { return a.count > b.count; });
   const size_t x_bytes = size_t(p.B) * size_t(S) * size_t(cfg.d_model) * sizeof(float);
   auto restore_input = [&] {
     if (c.y == c.x)
