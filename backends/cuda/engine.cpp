@@ -1316,6 +1316,31 @@ void CudaEngine::Impl::build_table(Plan& p) {
         };
         add(std::move(k), qkv ? "attn_post_attn_qkv" : "attn_post_attn", {"backends/cuda/post_attn_fused"});
       }
+      // ln1 .. qkv_proj .. attention .. the next layer's qkv_proj: the same with the layer's own
+      // LayerNorm and QKV projection in front (a layer whose ln1 is a step of its own: layer 0).
+      Kernel<Ctx> k;
+      k.name = post_attn_attention_name(cfg.d_model, cfg.ffn_dim, cfg.n_heads, true, true);
+      k.covers = [](const std::vector<Step>& st, size_t at, const Shape&) {
+        return match_chain(st, at, {StepKind::ln1, StepKind::qkv_proj, StepKind::attention, StepKind::out_proj,
+                                    StepKind::ln2, StepKind::ffn_in, StepKind::ffn_out, StepKind::ln1,
+                                    StepKind::qkv_proj});
+      };
+      k.run = [E, P, chain_params](Ctx& c, const Step* first, int count) {
+        PostAttnParams q = chain_params(c, first + 3, count - 3);
+        const DeviceLayerWeights& w = E->weights->layer(first->layer);
+        q.o = nullptr;
+        q.qkv_front = static_cast<__half*>(E->buf.qkv);
+        q.qkv_in = q.qkv_front;
+        q.w_qkv_front = static_cast<const __half*>(w.w_qkv);
+        q.b_qkv_front = static_cast<const __half*>(w.b_qkv);
+        q.ln_front_w = w.ln1_w;
+        q.ln_front_b = w.ln1_b;
+        q.H = E->cfg.n_heads;
+        q.causal = E->cfg.causal;
+        q.attn_scale = P->attn.scale;
+        post_attn_fused(q, c.stream);
+      };
+      add(std::move(k), "attn_front", {"backends/cuda/post_attn_fused"});
     }
   } else {
     p.chain_notes.push_back("post_attn: D " + std::to_string(cfg.d_model) + ", F " + std::to_string(cfg.ffn_dim) +
@@ -1571,13 +1596,14 @@ void CudaEngine::Impl::run_inner(Plan& p, const PlannedKernel<Ctx>& k, Ctx& c) {
 }
 
 // HK_CHAINS=post_attn_qkv: the option of `seg` that starts with that chain, else -1.
-// HK_CHAINS=attention_chain: the option starting with the attention chain that also runs the next
-// layer's QKV projection, else the one ending at ln1 / final_ln, else -1.
+// HK_CHAINS=attention_chain: the option starting with the attention chain that also runs the layer's
+// ln1 and QKV projection, else the one with the next layer's QKV projection, else the one ending at
+// ln1 / final_ln, else -1.
 int CudaEngine::Impl::pinned_option(const Plan& p, const tune::Segment<Ctx>& seg) const {
   if (!pinned_chain_kernel()) return -1;
   const std::vector<std::string> ids = pin_chains == "post_attn_qkv"
                                            ? std::vector<std::string>{"post_attn_qkv"}
-                                           : std::vector<std::string>{"attn_post_attn_qkv", "attn_post_attn"};
+                                           : std::vector<std::string>{"attn_front", "attn_post_attn_qkv", "attn_post_attn"};
   for (const std::string& id : ids)
     for (size_t i = 0; i < seg.options.size(); ++i)
       if (p.meta[p.index_of(seg.options[i].kernels.front().kernel)].id == id) return int(i);

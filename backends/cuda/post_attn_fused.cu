@@ -928,10 +928,18 @@ __device__ __forceinline__ void split_stats(const float (&acc)[NT][4], float2* s
 // length set to 0; then the chain as below. With kQkv the next layer's qkv may overwrite this
 // layer's: each CTA arrives on the cluster barrier once its keys / values are staged and waits on
 // it before its first qkv_out store.
-template <int DP, int FP, int W, bool kRegW, bool kQkv, int kHD>
+// kFront (with kHD and kQkv): the layer's ln1 and QKV projection before the attention, from the
+// block's residual rows already in registers: LayerNorm statistics across the group (as ln2's),
+// h into the tile, q | k | v of the block's rows by Wqkv_front (staged where Wqkv is, before the
+// predecessor ends) stored to qkv_front; one cluster barrier (every CTA's rows written and
+// visible) before the attention's staging reads them. Wqkv (the next layer's) then replaces
+// Wqkv_front in shared memory during the attention, and Wqkv_front returns at the end of a block
+// that has a successor.
+template <int DP, int FP, int W, bool kRegW, bool kQkv, int kHD, bool kFront = false>
 __device__ __forceinline__ void split_chain(const PostAttnParams& p) {
   constexpr bool kAttn = kHD > 0;
   static_assert(!kAttn || (kRegW && W == 8), "attention in front: weights in registers, width 8");
+  static_assert(!kFront || (kAttn && kQkv), "ln1 + QKV in front: with the attention and the next QKV");
   using T = SplitTile<DP, FP, W, kRegW, kQkv>;
   constexpr int NTW = T::kNTW, NTF = T::kNTF, NTQ = T::kNTQ, SA = T::kSA, SF = T::kSF;
   constexpr int CW = DP / W, FW = FP / W, QW = 3 * DP / W;  // residual / ffn / qkv columns per warp
@@ -994,7 +1002,7 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p) {
     copy_panel<FP, DP, SA>(s_wi, p.w_in, D, FP, D, tid, int(blockDim.x));
     copy_panel<DP, FP, SF>(s_wf, p.w_out, FP, D, FP, tid, int(blockDim.x));
   }
-  if constexpr (kQkv) copy_panel<3 * DP, DP, SA>(s_wq, p.w_qkv, D, 3 * D, D, tid, int(blockDim.x));
+  if constexpr (kQkv) copy_panel<3 * DP, DP, SA>(s_wq, kFront ? p.w_qkv_front : p.w_qkv, D, 3 * D, D, tid, int(blockDim.x));
   pdl_launch_dependents();
   pdl_wait();  // launch_pdl: vectors and weights are staged before the previous kernel ends
 
@@ -1067,6 +1075,39 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p) {
       acc[j][2] = x1.x - c1;
       acc[j][3] = x1.y - c1;
     }
+    if constexpr (kFront) {
+      // ln1 and the QKV projection of this block's rows (Wqkv_front in s_wq, landed by the last
+      // group barrier's cp.async wait: the one before the loop, or the one at the end of the
+      // previous block).
+      float mean[2], rstd[2];
+      split_stats<NTW, W>(acc, stats, w, g, t, bar, kGroupThreads, D, p.eps, mean, rstd);
+#pragma unroll
+      for (int j = 0; j < NTW; ++j) {
+        const int col = w * CW + 8 * j + 2 * t;
+        const float2 lw = *reinterpret_cast<const float2*>(p.ln_front_w + col);
+        const float2 lb = *reinterpret_cast<const float2*>(p.ln_front_b + col);
+        st_shared_u32(tile + uint32_t(g * SA + col) * 2u,
+                      pack_half2(ln(acc[j][0], mean, rstd, 0, lw.x, lb.x), ln(acc[j][1], mean, rstd, 0, lw.y, lb.y)));
+        st_shared_u32(tile + uint32_t((g + 8) * SA + col) * 2u,
+                      pack_half2(ln(acc[j][2], mean, rstd, 1, lw.x, lb.x), ln(acc[j][3], mean, rstd, 1, lw.y, lb.y)));
+      }
+      cp_async_wait_all();  // Wqkv_front (reloaded at the end of the previous block)
+      group_sync(bar, kGroupThreads);  // h complete
+      float qa[NTQ][4];
+#pragma unroll
+      for (int j = 0; j < NTQ; ++j) qa[j][0] = qa[j][1] = qa[j][2] = qa[j][3] = 0.f;
+      mma_cols<NTQ, DP / 16, SA>(qa, tile + a_lane, b_wq);
+#pragma unroll
+      for (int j = 0; j < NTQ; ++j) {
+        const int col = w * QW + 8 * j + 2 * t;
+        const float2 b = __half22float2(*reinterpret_cast<const __half2*>(p.b_qkv_front + col));
+        *reinterpret_cast<__half2*>(p.qkv_front + r0 * 3 * D + col) = __floats2half2_rn(qa[j][0] + b.x, qa[j][1] + b.y);
+        *reinterpret_cast<__half2*>(p.qkv_front + r1 * 3 * D + col) = __floats2half2_rn(qa[j][2] + b.x, qa[j][3] + b.y);
+      }
+      // Every CTA of the sequence has written its rows (and every warp here is done with the tile
+      // and Wqkv_front): the attention may read them, and the next layer's Wqkv may come in.
+      cluster_sync();
+    }
     if constexpr (kAttn) {
       // Attention of this block's 16 query rows, o over q in the tile. The tile and the key /
       // value region were last read before this block's predecessor's later barriers.
@@ -1077,7 +1118,7 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p) {
       const int nkt = (len + kWarpRows - 1) / kWarpRows;
       const int key_rows = active ? kWarpRows * (p.causal ? min(lt + 1, nkt) : nkt) : 0;
       const int64_t D3 = 3 * int64_t(D);
-      const __half* qkv_seq = p.qkv_in + seq * p.S * D3;
+      const __half* qkv_seq = (kFront ? p.qkv_front : p.qkv_in) + seq * p.S * D3;
       constexpr int kChunks = DP / 8;
       if (active) {
         for (int i = tid; i < kWarpRows * kChunks; i += int(blockDim.x)) {
@@ -1088,12 +1129,19 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p) {
           const int r = i / kChunks, c = (i - r * kChunks) * 8;
           const bool valid = r < len;  // rows past the length: zeros (P is 0 there, V must be finite)
           const __half* src = qkv_seq + int64_t(r) * D3 + D + c;
-          cp_async_16(s_k + uint32_t(r * SA + c) * 2u, valid ? src : p.qkv_in, valid);
-          cp_async_16(s_v + uint32_t(r * SA + c) * 2u, valid ? src + D : p.qkv_in, valid);
+          cp_async_16(s_k + uint32_t(r * SA + c) * 2u, valid ? src : qkv_seq, valid);
+          cp_async_16(s_v + uint32_t(r * SA + c) * 2u, valid ? src + D : qkv_seq, valid);
         }
       }
       cp_async_commit();
-      cp_async_wait_all();
+      if constexpr (kFront) {
+        // The next layer's Wqkv over Wqkv_front, awaited before the QKV product (its group barrier).
+        copy_panel<3 * DP, DP, SA>(s_wq, p.w_qkv, D, 3 * D, D, tid, int(blockDim.x));
+        cp_async_commit();
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait_all();
+      }
       if constexpr (kQkv) cluster_arrive();  // every read of this layer's qkv by this CTA is done
       group_sync(bar, kGroupThreads);
       if (active) {
@@ -1199,6 +1247,7 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p) {
           if (p.h_out) *reinterpret_cast<uint32_t*>(p.h_out + r1 * D + col) = h1;
         }
       }
+      if constexpr (kFront) cp_async_wait_all();  // the next layer's Wqkv, visible after the barrier
       group_sync(bar, kGroupThreads);  // the next h complete
       if constexpr (kAttn) cluster_wait();  // every CTA of the sequence has its keys / values
       float qa[NTQ][4];
@@ -1214,6 +1263,13 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p) {
       }
       // The f tile is next written after this block's reads by every warp: the next block's
       // first group barrier comes first.
+      if constexpr (kFront) {
+        if (blk + stride < nblk) {  // Wqkv_front back for the next block's front
+          group_sync(bar, kGroupThreads);  // every warp's reads of the next layer's Wqkv are done
+          copy_panel<3 * DP, DP, SA>(s_wq, p.w_qkv_front, D, 3 * D, D, tid, int(blockDim.x));
+          cp_async_commit();
+        }
+      }
     } else if (!p.tail) {
 #pragma unroll
       for (int j = 0; j < NTW; ++j) {
@@ -1254,17 +1310,17 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p) {
   cp_async_wait_all();
 }
 
-template <int DP, int FP, int W, bool kRegW, bool kQkv = false, int kHD = 0>
+template <int DP, int FP, int W, bool kRegW, bool kQkv = false, int kHD = 0, bool kFront = false>
 __global__ void __launch_bounds__(kRegW ? W * 32 : kSplitMaxWarps * 32, 1) post_attn_split_kernel(const PostAttnParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   // The attention variants run in clusters (compute capability 9.0+): no code before sm_90.
   if constexpr (kHD > 0) {
     __trap();
   } else {
-    split_chain<DP, FP, W, kRegW, kQkv, kHD>(p);
+    split_chain<DP, FP, W, kRegW, kQkv, kHD, kFront>(p);
   }
 #else
-  split_chain<DP, FP, W, kRegW, kQkv, kHD>(p);
+  split_chain<DP, FP, W, kRegW, kQkv, kHD, kFront>(p);
 #endif
 }
 
@@ -1625,10 +1681,10 @@ size_t attn_smem_bytes(int S) {
   return split_smem_bytes<DP, DP, 8, true, kQkv>(1) + round_up(2 * size_t(S) * size_t(DP + 8) * 2, 128);
 }
 
-template <int DP, bool kQkv>
+template <int DP, bool kQkv, bool kFront = false>
 void raise_attn_smem_limit() {
   static const bool done = [] {
-    HK_CUDA_CHECK(cudaFuncSetAttribute(post_attn_split_kernel<DP, DP, 8, true, kQkv, attn_head_dim<DP>()>,
+    HK_CUDA_CHECK(cudaFuncSetAttribute(post_attn_split_kernel<DP, DP, 8, true, kQkv, attn_head_dim<DP>(), kFront>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, device_limits().smem_optin));
     return true;
   }();
@@ -1646,15 +1702,17 @@ bool attn_fits(int S) {
   if (attn_smem_bytes<DP, true>(S) > size_t(device_limits().smem_optin)) return false;
   raise_attn_smem_limit<DP, true>();
   raise_attn_smem_limit<DP, false>();
+  raise_attn_smem_limit<DP, true, true>();
   return true;
 }
 
 template <int DP>
 void launch_attn(const PostAttnParams& p, cudaStream_t stream) {
-  auto run = [&](auto qc) {
+  auto run = [&](auto qc, auto fc) {
     constexpr bool kQkv = decltype(qc)::value;
-    const auto kernel = post_attn_split_kernel<DP, DP, 8, true, kQkv, attn_head_dim<DP>()>;
-    raise_attn_smem_limit<DP, kQkv>();
+    constexpr bool kFront = decltype(fc)::value;
+    const auto kernel = post_attn_split_kernel<DP, DP, 8, true, kQkv, attn_head_dim<DP>(), kFront>;
+    raise_attn_smem_limit<DP, kQkv, kFront>();
     const size_t smem = attn_smem_bytes<DP, kQkv>(p.S);
     int occ = 0;
     HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, 8 * 32, smem));
@@ -1666,10 +1724,12 @@ void launch_attn(const PostAttnParams& p, cudaStream_t stream) {
     launch_pdl_cluster(kernel, dim3(unsigned(clusters * csize)), dim3(8 * 32), dim3(unsigned(csize)), smem, stream, p);
     HK_CUDA_CHECK_LAUNCH();
   };
-  if (p.qkv_out) {
-    run(std::true_type{});
+  if (p.w_qkv_front) {
+    run(std::true_type{}, std::true_type{});
+  } else if (p.qkv_out) {
+    run(std::true_type{}, std::false_type{});
   } else {
-    run(std::false_type{});
+    run(std::false_type{}, std::false_type{});
   }
 }
 
@@ -1705,6 +1765,14 @@ void validate(const PostAttnParams& p) {
     if (p.row_dst || p.x_rows) fail("attention in the chain: the dense layout only (no row_dst / x_rows)");
     if (!aligned(p.qkv_in, 16)) fail("qkv_in must be 16-byte aligned");
     if (!(p.attn_scale > 0.f)) fail("attention in the chain: attn_scale must be > 0");
+    if (p.w_qkv_front) {
+      if (!p.qkv_out || p.qkv_front != p.qkv_in || !p.b_qkv_front || !p.ln_front_w || !p.ln_front_b) {
+        fail("ln1 + QKV in front: needs qkv_out, qkv_front == qkv_in, b_qkv_front and ln_front");
+      }
+      if (!aligned(p.w_qkv_front, 16)) fail("w_qkv_front must be 16-byte aligned");
+    }
+  } else if (p.w_qkv_front) {
+    fail("w_qkv_front needs qkv_in (the attention in the chain)");
   }
   if ((!p.qkv_in && !aligned(p.o, 16)) || !aligned(p.w_o, 16) || !aligned(p.w_in, 16) || !aligned(p.w_out, 16)) {
     fail("o and the weights must be 16-byte aligned");
@@ -1835,8 +1903,10 @@ bool post_attn_attention_supports(int D, int F, int H, int S) {
   return D == 64 ? attn_fits<64>(S) : attn_fits<128>(S);
 }
 
-const char* post_attn_attention_name(int D, int F, int H, bool qkv) {
+const char* post_attn_attention_name(int D, int F, int H, bool qkv, bool front) {
   if (!split_supported(D, F) || H < 1 || D % H != 0 || D / H != (D == 64 ? 16 : 32)) return "";
+  if (front && qkv) return D == 64 ? "hk::post_attn[cuda.fused.d64.ln.qkv.attn.qkv]" : "hk::post_attn[cuda.fused.d128.ln.qkv.attn.qkv]";
+  if (front) return "";
   if (D == 64) return qkv ? "hk::post_attn[cuda.fused.d64.attn.qkv]" : "hk::post_attn[cuda.fused.d64.attn]";
   return qkv ? "hk::post_attn[cuda.fused.d128.attn.qkv]" : "hk::post_attn[cuda.fused.d128.attn]";
 }

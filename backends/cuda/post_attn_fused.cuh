@@ -67,6 +67,16 @@ struct PostAttnParams {
   // CTAs of one sequence form a thread-block cluster and none writes qkv_out before every one of
   // them has read the keys and values it needs. Null: o is read as given.
   const __half* qkv_in = nullptr;
+  // With qkv_in and qkv_out (post_attn_attention_supports): the layer's own ln1 and QKV projection
+  // in front as well, from x_in: qkv_front = fp16(fp16(LN(x_in; ln_front)) Wqkv_front^T + bqkv_front)
+  // (the ln1 kernel's h, cuBLASLt's bias epilogue), written to qkv_front, which must be qkv_in (the
+  // attention then reads it; qkv_out may be the same buffer). Null w_qkv_front: qkv_in is read
+  // as given.
+  __half* qkv_front = nullptr;
+  const __half* w_qkv_front = nullptr;  // [3D, D]
+  const __half* b_qkv_front = nullptr;  // [3D]
+  const float* ln_front_w = nullptr;    // [D]
+  const float* ln_front_b = nullptr;    // [D]
   int H = 0;
   bool causal = false;
   float attn_scale = 0.f;
@@ -178,9 +188,10 @@ const char* post_attn_qkv_name(int D, int F);
 // config is ignored). The keys and values of a sequence are staged in shared memory, so
 // (S, D) must also fit the device's shared memory next to Wqkv.
 bool post_attn_attention_supports(int D, int F, int H, int S);
-// "hk::post_attn[cuda.fused.d128.attn.qkv]", "...d128.attn]" (h_out or tail), d64 likewise; ""
+// "hk::post_attn[cuda.fused.d128.attn.qkv]", "...d128.attn]" (h_out or tail), with front (the
+// layer's ln1 and QKV projection in front, qkv only) "...d128.ln.qkv.attn.qkv]"; d64 likewise; ""
 // if unsupported.
-const char* post_attn_attention_name(int D, int F, int H, bool qkv);
+const char* post_attn_attention_name(int D, int F, int H, bool qkv, bool front = false);
 
 // Profiler name of the kernel (D, F) runs on, e.g. "hk::post_attn[cuda.fused.d128]",
 // "hk::post_attn[cuda.fused.d256.stream]", "hk::post_attn[cuda.fused.pad128]"; "" if unsupported.

@@ -9,6 +9,7 @@
 #   epilogue     HK_GELU=epilogue (HK_TUNE=0)
 #   chains-off   HK_CHAINS=off with HK_TUNE=1: the tuned plan of single-step kernels
 #   post_attn_qkv, post_attn_qkv-pack1   HK_CHAINS=post_attn_qkv (HK_TUNE=0), dense and HK_PACK=1 (D = F = 128 input)
+#   attention_chain   HK_CHAINS=attention_chain (HK_TUNE=0): the chain with the attention in front (S = 48 inputs)
 #   graph0       HK_GRAPH=0: eager launches
 #   pack1, pack1-tune1   HK_PACK=1: padding-free (packed) forward, untuned and tuned
 #   fp32, fp32-tune1     --precision fp32
@@ -95,7 +96,13 @@ shape_desc[split]="S=33 D=F=128 hd=32 causal"
 # persistent loops reuse the shared tiles (the QKV chain's f tile between row blocks).
 shape_args[split-big]="--batch 300 --seq 33 --d-model 128 --heads 4 --ffn 128 --layers 2 --causal 1 --lengths-list 0,1,S"
 shape_desc[split-big]="S=33 D=F=128 hd=32 causal, 9900 rows"
-for s in tiny mid long hd256 d100 small split split-big; do
+# The attention chain's shapes (S a multiple of 16): clusters of 3 CTAs, one and several passes of
+# the grid over the sequences.
+shape_args[attn]="--batch 5 --seq 48 --d-model 128 --heads 4 --ffn 128 --layers 3 --causal 1 --lengths-list 0,1,S"
+shape_desc[attn]="S=48 D=F=128 hd=32 causal"
+shape_args[attn-big]="--batch 200 --seq 48 --d-model 128 --heads 4 --ffn 128 --layers 2 --causal 0 --lengths-list 0,1,S"
+shape_desc[attn-big]="S=48 D=F=128 hd=32, 200 sequences"
+for s in tiny mid long hd256 d100 small split split-big attn attn-big; do
   # shellcheck disable=SC2086
   if ! "$bin/hk_generate" ${shape_args[$s]} --seed 11 --quiet --output "$work/in/$s.h5" >> "$log" 2>&1; then
     say "sanitize.sh: hk_generate failed for $s (${shape_args[$s]})"
@@ -124,6 +131,7 @@ route_env[persistent]="HK_TUNE=0 HK_CHAINS=persistent";             route_opt[pe
 route_env[post_attn_qkv]="HK_TUNE=0 HK_CHAINS=post_attn_qkv";       route_opt[post_attn_qkv]="--precision fast"
 route_env[post_attn_qkv-pack1]="HK_TUNE=0 HK_CHAINS=post_attn_qkv HK_PACK=1"
 route_opt[post_attn_qkv-pack1]="--precision fast"
+route_env[attention_chain]="HK_TUNE=0 HK_CHAINS=attention_chain"; route_opt[attention_chain]="--precision fast"
 route_env[materialized]="HK_TUNE=0 HK_ATTENTION=materialized";       route_opt[materialized]="--precision fast"
 route_env[fp32]="HK_TUNE=0";                                       route_opt[fp32]="--precision fp32"
 route_env[fp32-tune1]="HK_TUNE=1 HK_TUNE_CACHE=off HK_TUNE_VERBOSE=1"
@@ -142,6 +150,8 @@ for tool in memcheck racecheck synccheck initcheck; do
   # The chain with the next layer's QKV projection, pinned (D = F = 128 only).
   add $tool post_attn_qkv split
   add $tool post_attn_qkv-pack1 split
+  # The chain with the attention in front, pinned (dense; D = F = 128 with head_dim 32 here).
+  add $tool attention_chain attn
 done
 for tool in memcheck racecheck synccheck initcheck; do
   for r in $all_routes; do add $tool "$r" tiny; done
@@ -160,6 +170,8 @@ done
 add memcheck post_attn_qkv split-big
 add memcheck tune1 split-big
 add racecheck post_attn_qkv split-big
+add memcheck attention_chain attn-big
+add racecheck attention_chain attn-big
 for r in $all_routes; do add memcheck "$r" mid; done
 for r in $all_routes; do add memcheck "$r" long; done
 for r in fp32 fp32-tune1; do add memcheck $r d100; add initcheck $r d100; done

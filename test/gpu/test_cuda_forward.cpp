@@ -655,7 +655,8 @@ int run_post_attn_qkv_case(const Case& c, const std::string& cache_dir) {
 // ---- the post-attention chain with the layer's attention in front --------------------------------
 // HK_CHAINS=attention_chain pins it (untuned, dense): in every layer where the model has it (D = F
 // = 128 with head_dim 32, D = F = 64 with head_dim 16; S a multiple of 16 up to 128; compute
-// capability 9.0+), the last layer's ending at the final LayerNorm; within budget against the
+// capability 9.0+), layer 0's with its ln1 and QKV projection in front, the last layer's ending at
+// the final LayerNorm; within budget against the
 // float64 reference with padded rows exactly 0; forward_device gives the host path's bits, also
 // on a second forward with other lengths (the captured graph reads them on the device).
 int run_attention_chain_case(const Case& c) {
@@ -682,9 +683,12 @@ int run_attention_chain_case(const Case& c) {
     r.pins["pack"] = "0";
     auto e = run.engine(Precision::fast, r);
     const std::string plan = e->explain(c.B);
-    const int with_qkv = count(plan, ".attn.qkv]"), all = count(plan, ".attn");
-    t.row("plan", std::to_string(all) + " attention chains, " + std::to_string(with_qkv) + " with QKV",
-          all == want && with_qkv == std::max(0, want - 1), "expected " + std::to_string(want));
+    const int with_qkv = count(plan, ".attn.qkv]"), all = count(plan, ".attn"), front = count(plan, ".ln.qkv.attn");
+    t.row("plan",
+          std::to_string(all) + " attention chains, " + std::to_string(with_qkv) + " with QKV, " +
+              std::to_string(front) + " with ln1 + QKV in front",
+          all == want && with_qkv == std::max(0, want - 1) && front == (want > 0 ? 1 : 0),
+          "expected " + std::to_string(want) + " (layer 0 with its ln1 + QKV)");
     for (int round = 0; round < 2; ++round) {
       std::vector<int32_t> lengths = make_lengths(c, seed + uint64_t(round) * 977);
       if (lengths.empty()) lengths.assign(size_t(c.B), c.S);

@@ -1041,6 +1041,7 @@ struct AttnCase {
   Lens lens = Lens::random;
   enum class Out { h, qkv, qkv_inplace, tail } out = Out::qkv;
   bool graph = false;
+  bool front = false;  // the layer's ln1 + QKV projection in front (qkv outputs only)
 };
 const char* attn_out_name(AttnCase::Out o) {
   return o == AttnCase::Out::h ? "h_out" : o == AttnCase::Out::qkv ? "qkv_out" : o == AttnCase::Out::qkv_inplace ? "qkv_in=out" : "tail";
@@ -1063,7 +1064,10 @@ struct AttnOutcome {
 // padded row's own q only reaches its own o, which is zeroed). x_out within 4e-3 (the o rounding
 // and the fp16 P of the kernel's softmax on top of the chain's 1e-3), h_out / y / qkv within the
 // MODEL.md budget max(2e-3, 0.02 |ref|); tail: padded rows of y exactly 0; 16 guard rows of every
-// output untouched.
+// output untouched. front: the layer's q | k | v come from ln1 + the QKV projection of x inside the
+// kernel (qkv_in starts poisoned); the reference computes them in float64 from fp16(LN(x)) and
+// rounds to fp16, and with a separate qkv_out the kernel's own q | k | v rows are checked
+// against it within budget.
 AttnOutcome run_attn_case(const AttnCase& c, uint64_t seed) {
   AttnOutcome out;
   std::mt19937_64 rng(seed);
@@ -1091,6 +1095,27 @@ AttnOutcome run_attn_case(const AttnCase& c, uint64_t seed) {
     const bool token = r < rows && (c.lens == Lens::none || r % c.S < len[size_t(r / c.S)]);
     for (int n = 0; n < N; ++n) qkv[size_t(r) * N + n] = token ? __double2half(nd(rng)) : nan16;
     for (int k = 0; k < D; ++k) x[size_t(r) * D + k] = r < rows ? float(nd(rng)) : std::nanf("");
+  }
+  // front: the layer's own q | k | v = fp16(fp16(LN(x; ln_front)) Wf^T + bf) for every row.
+  std::vector<__half> wf(static_cast<size_t>(N) * D), bfr(static_cast<size_t>(N));
+  std::vector<float> lfw(static_cast<size_t>(D)), lfb(static_cast<size_t>(D));
+  std::vector<__half> qkv_front_ref;
+  if (c.front) {
+    for (auto& v : wf) v = __double2half(uq(rng));
+    for (auto& v : bfr) v = __double2half(uq(rng));
+    for (auto& v : lfw) v = float(std::uniform_real_distribution<double>(0.5, 1.5)(rng));
+    for (auto& v : lfb) v = float(std::uniform_real_distribution<double>(-0.3, 0.3)(rng));
+    std::vector<double> xr(static_cast<size_t>(D)), hr;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int k = 0; k < D; ++k) xr[size_t(k)] = double(x[size_t(r) * D + size_t(k)]);
+      layer_norm(xr, lfw.data(), lfb.data(), 1e-5, hr);
+      for (int n = 0; n < N; ++n) {
+        double a = h2d(bfr[size_t(n)]);
+        for (int k = 0; k < D; ++k) a += round_f16(hr[size_t(k)]) * h2d(wf[size_t(n) * D + size_t(k)]);
+        qkv[size_t(r) * N + size_t(n)] = __double2half(a);
+      }
+    }
+    qkv_front_ref.assign(qkv.begin(), qkv.begin() + rows * N);
   }
   // Reference o (fp16-rounded).
   const double scale = 1.0 / std::sqrt(double(hd));
@@ -1122,9 +1147,18 @@ AttnOutcome run_attn_case(const AttnCase& c, uint64_t seed) {
   }
   const bool tail = c.out == AttnCase::Out::tail, with_qkv = c.out == AttnCase::Out::qkv || c.out == AttnCase::Out::qkv_inplace;
   Dev<__half> d_qkv(qkv.size()), d_wq(wq.size()), d_bq(bq.size()), d_h(size_t(alloc) * D), d_qo(size_t(alloc) * N);
-  Dev<float> d_x(x.size()), d_xo(x.size()), d_y(x.size());
+  Dev<__half> d_wf(wf.size()), d_bf(bfr.size());
+  Dev<float> d_x(x.size()), d_xo(x.size()), d_y(x.size()), d_lfw(lfw.size()), d_lfb(lfb.size());
   Dev<int32_t> d_len(len.size());
-  d_qkv.up(qkv);
+  if (c.front) {
+    d_qkv.poison();
+    d_wf.up(wf);
+    d_bf.up(bfr);
+    d_lfw.up(lfw);
+    d_lfb.up(lfb);
+  } else {
+    d_qkv.up(qkv);
+  }
   d_x.up(x);
   d_wq.up(wq);
   d_bq.up(bq);
@@ -1151,6 +1185,13 @@ AttnOutcome run_attn_case(const AttnCase& c, uint64_t seed) {
       p.w_qkv = d_wq.p;
       p.b_qkv = d_bq.p;
       p.qkv_out = c.out == AttnCase::Out::qkv_inplace ? d_qkv.p : d_qo.p;
+      if (c.front) {
+        p.qkv_front = d_qkv.p;
+        p.w_qkv_front = d_wf.p;
+        p.b_qkv_front = d_bf.p;
+        p.ln_front_w = d_lfw.p;
+        p.ln_front_b = d_lfb.p;
+      }
     } else {
       p.h_out = d_h.p;
     }
@@ -1199,6 +1240,17 @@ AttnOutcome run_attn_case(const AttnCase& c, uint64_t seed) {
       }
     }
   }
+  if (c.front && c.out == AttnCase::Out::qkv) {  // the kernel's own q | k | v of this layer
+    const std::vector<__half> qf = d_qkv.down();
+    for (size_t i = 0; i < qkv_front_ref.size(); ++i) {
+      const double ref = h2d(qkv_front_ref[i]), tol = std::max(2e-3, 0.02 * std::fabs(ref));
+      const double e = std::fabs(h2d(qf[i]) - ref);
+      if (poison_f16(qf[i])) ++out.unwritten;
+      else if (!(e <= tol)) ++out.bad_qkv;
+      out.qkv_ratio = std::max(out.qkv_ratio, std::isfinite(e) ? e / tol : 1e30);
+    }
+    for (size_t i = qkv_front_ref.size(); i < qf.size(); ++i) out.guard += !poison_f16(qf[i]);
+  }
   for (int64_t r = rows; r < alloc; ++r) {
     for (int k = 0; k < D; ++k) {
       const size_t i = size_t(r) * D + size_t(k);
@@ -1218,6 +1270,66 @@ AttnOutcome run_attn_case(const AttnCase& c, uint64_t seed) {
   return out;
 }
 
+// The chain with the attention in front: (D, head_dim) = (128, 32) and (64, 16), S from one row
+// block to 128 (clusters of 1-8 CTAs), one sequence and many (the grid's loop over sequences),
+// causal or not, lengths null / random / 0-1-S, every output variant incl. qkv_out over qkv_in, and
+// with the layer's ln1 + QKV projection in front. Returns the failures; n counts the checks.
+int attention_chain_checks(int& n) {
+  int failures = 0;
+  {
+    const bool have = hk::cuda::post_attn_attention_supports(128, 128, 4, 128) &&
+                      hk::cuda::post_attn_attention_supports(64, 64, 4, 64);
+    int major = 0;
+    CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+    const bool refused = !hk::cuda::post_attn_attention_supports(128, 128, 8, 128) &&
+                         !hk::cuda::post_attn_attention_supports(128, 128, 4, 136) &&
+                         !hk::cuda::post_attn_attention_supports(128, 128, 4, 40) &&
+                         !hk::cuda::post_attn_attention_supports(256, 256, 8, 128);
+    const bool ok = refused && (have || major < 9);
+    std::printf("%-4d attention in the chain: supported at D=128/H=4 and D=64/H=4 (S <= 128, S %% 16 == 0) on cc >= 9, "
+                "refused for H=8, S=136, S=40, D=256: %s\n", n, ok ? "PASS" : "FAIL");
+    failures += ok ? 0 : 1;
+    ++n;
+    if (have) {
+      using O = AttnCase::Out;
+      const AttnCase cases[] = {
+          {1, 128, 128, true, Lens::random, O::qkv_inplace, false},
+          {1, 128, 128, true, Lens::none, O::qkv, false},
+          {1, 128, 128, true, Lens::random, O::tail, false},
+          {1, 128, 128, false, Lens::random, O::h, false},
+          {3, 128, 128, false, Lens::edge, O::qkv_inplace, false},
+          {3, 128, 128, true, Lens::edge, O::tail, true},
+          {40, 128, 128, true, Lens::random, O::qkv_inplace, false},
+          {40, 128, 128, false, Lens::random, O::tail, false},
+          {5, 32, 128, true, Lens::random, O::qkv, true},
+          {300, 16, 128, true, Lens::random, O::qkv_inplace, false},
+          {7, 48, 64, true, Lens::random, O::qkv_inplace, false},
+          {7, 48, 64, false, Lens::edge, O::tail, false},
+          {2, 64, 64, true, Lens::none, O::h, false},
+          {33, 112, 64, true, Lens::random, O::qkv_inplace, true},
+          {1, 128, 128, true, Lens::random, O::qkv_inplace, false, true},
+          {1, 128, 128, true, Lens::none, O::qkv, false, true},
+          {3, 128, 128, false, Lens::edge, O::qkv, true, true},
+          {40, 128, 128, true, Lens::random, O::qkv_inplace, false, true},
+          {300, 16, 128, true, Lens::random, O::qkv, false, true},
+          {7, 48, 64, true, Lens::random, O::qkv_inplace, false, true},
+          {33, 112, 64, false, Lens::random, O::qkv, true, true},
+      };
+      for (const AttnCase& c : cases) {
+        const AttnOutcome r = run_attn_case(c, 9000 + uint64_t(n));
+        std::printf("%-4d attn chain D=%-3d B=%-3d S=%-3d causal=%d lens=%-5s %-10s graph=%d front=%d  x err %.2e  ln ratio %.3f  "
+                    "qkv ratio %.3f  bad x/ln/qkv %ld/%ld/%ld unwritten %ld pad %ld guard %ld %s: %s\n",
+                    n, c.D, c.B, c.S, int(c.causal), lens_name(c.lens), attn_out_name(c.out), int(c.graph), int(c.front), r.x_err,
+                    r.ln_ratio, r.qkv_ratio, r.bad_x, r.bad_ln, r.bad_qkv, r.unwritten, r.pad_nonzero, r.guard,
+                    r.error.c_str(), r.ok() ? "PASS" : "FAIL");
+        failures += r.ok() ? 0 : 1;
+        ++n;
+      }
+    }
+  }
+  return failures;
+}
+
 int main() {
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -1229,6 +1341,13 @@ int main() {
   std::printf("device: %s (sm_%d%d, %d SMs, %zu KB smem opt-in)\n", prop.name, prop.major, prop.minor,
               prop.multiProcessorCount, prop.sharedMemPerBlockOptin / 1024);
 
+  // HK_TEST_ATTENTION_ONLY=1 (e.g. under compute-sanitizer): the attention-chain checks alone.
+  if (const char* only = std::getenv("HK_TEST_ATTENTION_ONLY"); only && *only && *only != '0') {
+    int n = 0;
+    const int failures = attention_chain_checks(n);
+    std::printf("\n%d checks, %d failed\n", n, failures);
+    return failures == 0 ? 0 : 1;
+  }
   std::vector<Case> cases;
   const int shapes[][2] = {{64, 64}, {128, 128}, {256, 256}, {128, 256}, {96, 160}, {32, 48}, {256, 64}};
   const int64_t row_counts[] = {1, 63, 64, 1000, 130 * 7};
@@ -1650,53 +1769,7 @@ int main() {
       }
     }
   }
-  // The chain with the attention in front: (D, head_dim) = (128, 32) and (64, 16), S from one row
-  // block to 128 (clusters of 1-8 CTAs), one sequence and many (the grid's loop over sequences),
-  // causal or not, lengths null / random / 0-1-S, every output variant incl. qkv_out over qkv_in.
-  {
-    const bool have = hk::cuda::post_attn_attention_supports(128, 128, 4, 128) &&
-                      hk::cuda::post_attn_attention_supports(64, 64, 4, 64);
-    int major = 0;
-    CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-    const bool refused = !hk::cuda::post_attn_attention_supports(128, 128, 8, 128) &&
-                         !hk::cuda::post_attn_attention_supports(128, 128, 4, 136) &&
-                         !hk::cuda::post_attn_attention_supports(128, 128, 4, 40) &&
-                         !hk::cuda::post_attn_attention_supports(256, 256, 8, 128);
-    const bool ok = refused && (have || major < 9);
-    std::printf("%-4d attention in the chain: supported at D=128/H=4 and D=64/H=4 (S <= 128, S %% 16 == 0) on cc >= 9, "
-                "refused for H=8, S=136, S=40, D=256: %s\n", n, ok ? "PASS" : "FAIL");
-    failures += ok ? 0 : 1;
-    ++n;
-    if (have) {
-      using O = AttnCase::Out;
-      const AttnCase cases[] = {
-          {1, 128, 128, true, Lens::random, O::qkv_inplace, false},
-          {1, 128, 128, true, Lens::none, O::qkv, false},
-          {1, 128, 128, true, Lens::random, O::tail, false},
-          {1, 128, 128, false, Lens::random, O::h, false},
-          {3, 128, 128, false, Lens::edge, O::qkv_inplace, false},
-          {3, 128, 128, true, Lens::edge, O::tail, true},
-          {40, 128, 128, true, Lens::random, O::qkv_inplace, false},
-          {40, 128, 128, false, Lens::random, O::tail, false},
-          {5, 32, 128, true, Lens::random, O::qkv, true},
-          {300, 16, 128, true, Lens::random, O::qkv_inplace, false},
-          {7, 48, 64, true, Lens::random, O::qkv_inplace, false},
-          {7, 48, 64, false, Lens::edge, O::tail, false},
-          {2, 64, 64, true, Lens::none, O::h, false},
-          {33, 112, 64, true, Lens::random, O::qkv_inplace, true},
-      };
-      for (const AttnCase& c : cases) {
-        const AttnOutcome r = run_attn_case(c, 9000 + uint64_t(n));
-        std::printf("%-4d attn chain D=%-3d B=%-3d S=%-3d causal=%d lens=%-5s %-10s graph=%d  x err %.2e  ln ratio %.3f  "
-                    "qkv ratio %.3f  bad x/ln/qkv %ld/%ld/%ld unwritten %ld pad %ld guard %ld %s: %s\n",
-                    n, c.D, c.B, c.S, int(c.causal), lens_name(c.lens), attn_out_name(c.out), int(c.graph), r.x_err,
-                    r.ln_ratio, r.qkv_ratio, r.bad_x, r.bad_ln, r.bad_qkv, r.unwritten, r.pad_nonzero, r.guard,
-                    r.error.c_str(), r.ok() ? "PASS" : "FAIL");
-        failures += r.ok() ? 0 : 1;
-        ++n;
-      }
-    }
-  }
+  failures += attention_chain_checks(n);
   // qkv_out is refused outside the width-8 column-split kernel, in the tail and without Wqkv.
   {
     const int D = 128;
