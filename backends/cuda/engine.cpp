@@ -1784,53 +1784,64 @@ void CudaEngine::Impl::decide_chains_in_forward(Plan& p, const Ctx& c) {
                                 {"chains", &pin_chains}})
     if (!v->empty()) pins_suffix += "." + std::string(name) + "_" + *v;
   std::map<std::string, int> forced;  // the labels decided so far, with their options
-  for (const Label& l : labels) {
-    // Options the per-segment decision rejected (numeric guard) or saw fail are not offered again.
-    const tune::Decision* seg_d = nullptr;
-    for (const tune::Decision& d : p.decisions)
-      if (d.op == "plan." + l.text && !seg_d) seg_d = &d;
-    auto excluded = [&](int i) {
-      if (!seg_d || size_t(i) >= seg_d->results.size()) return false;
-      const tune::Verdict v = seg_d->results[size_t(i)].verdict;
-      return v == tune::Verdict::rejected_numeric || v == tune::Verdict::failed;
-    };
-    std::vector<int> order = {l.chosen};
-    for (int i = 0; i < int(l.ids.size()); ++i)
-      if (i != l.chosen && !excluded(i)) order.push_back(i);
-    if (order.size() < 2) continue;
-    std::vector<tune::Candidate> cands;
-    for (int i : order)
-      cands.push_back({l.ids[size_t(i)], "the forward with " + l.ids[size_t(i)] + " at every " + l.text});
-    const tune::TuneKey k = key(p, "plan.forward." + l.text + pins_suffix, l.sources);
-    if (chooser->answered(k, cands, opt)) {
-      // Known answer: only the chosen plan is built (an alternative's GEMMs would set up cuBLASLt
-      // combinations the forward never uses: tens of ms of start-up per process).
-      const tune::Decision d = chooser->decide(k, cands, tune::Probe{}, opt);
-      if (d.source != tune::Source::memo && d.source != tune::Source::single) p.decisions.push_back(d);
+  // Each label is decided with the labels before it as decided and those after it as the plan had
+  // them. A switch can change what is best for an earlier label (a chain forced later removes the
+  // boundary that made an earlier alternative lose), so when the first pass switched any label,
+  // a second pass decides every label again from the plan as it then is (keys ".again").
+  bool switched = false;
+  for (int pass = 0; pass < 2 && (pass == 0 || switched); ++pass) {
+    for (const Label& l : labels) {
+      const auto fl = forced.find(l.text);
+      const int current = pass == 1 && fl != forced.end() ? fl->second : l.chosen;
+      // Options the per-segment decision rejected (numeric guard) or saw fail are not offered again.
+      const tune::Decision* seg_d = nullptr;
+      for (const tune::Decision& d : p.decisions)
+        if (d.op == "plan." + l.text && !seg_d) seg_d = &d;
+      auto excluded = [&](int i) {
+        if (!seg_d || size_t(i) >= seg_d->results.size()) return false;
+        const tune::Verdict v = seg_d->results[size_t(i)].verdict;
+        return v == tune::Verdict::rejected_numeric || v == tune::Verdict::failed;
+      };
+      std::vector<int> order = {current};
+      for (int i = 0; i < int(l.ids.size()); ++i)
+        if (i != current && !excluded(i)) order.push_back(i);
+      if (order.size() < 2) continue;
+      std::vector<tune::Candidate> cands;
+      for (int i : order)
+        cands.push_back({l.ids[size_t(i)], "the forward with " + l.ids[size_t(i)] + " at every " + l.text});
+      const tune::TuneKey k = key(p, "plan.forward." + l.text + pins_suffix + (pass == 1 ? ".again" : ""), l.sources);
+      if (chooser->answered(k, cands, opt)) {
+        // Known answer: only the chosen plan is built (an alternative's GEMMs would set up cuBLASLt
+        // combinations the forward never uses: tens of ms of start-up per process).
+        const tune::Decision d = chooser->decide(k, cands, tune::Probe{}, opt);
+        if (d.source != tune::Source::memo && d.source != tune::Source::single) p.decisions.push_back(d);
+        forced[l.text] = order[size_t(d.chosen)];
+        if (d.chosen != 0) {
+          switched = true;
+          restore_input();
+          p.kernels = replan_forcing(p, c, forced);
+        }
+        continue;
+      }
+      std::vector<std::vector<PlannedKernel<Ctx>>> plans;
+      for (int i : order) {
+        if (i == current) {
+          plans.push_back(p.kernels);
+        } else {
+          restore_input();
+          std::map<std::string, int> f = forced;
+          f[l.text] = i;
+          plans.push_back(replan_forcing(p, c, f));
+        }
+      }
+      restore_input();
+      auto run_with = [&](int i, Ctx& cc) { run_plan(plans[size_t(i)], steps, cc); };
+      const tune::Decision d = decide_by_forward(p, c, k, cands, run_with);
+      p.decisions.push_back(d);
+      p.kernels = plans[size_t(d.chosen)];
       forced[l.text] = order[size_t(d.chosen)];
-      if (d.chosen != 0) {
-        restore_input();
-        p.kernels = replan_forcing(p, c, forced);
-      }
-      continue;
+      if (d.chosen != 0) switched = true;
     }
-    std::vector<std::vector<PlannedKernel<Ctx>>> plans;
-    for (int i : order) {
-      if (i == l.chosen) {
-        plans.push_back(p.kernels);
-      } else {
-        restore_input();
-        std::map<std::string, int> f = forced;
-        f[l.text] = i;
-        plans.push_back(replan_forcing(p, c, f));
-      }
-    }
-    restore_input();
-    auto run_with = [&](int i, Ctx& cc) { run_plan(plans[size_t(i)], steps, cc); };
-    const tune::Decision d = decide_by_forward(p, c, k, cands, run_with);
-    p.decisions.push_back(d);
-    p.kernels = plans[size_t(d.chosen)];
-    forced[l.text] = order[size_t(d.chosen)];
   }
 }
 
