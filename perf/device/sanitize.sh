@@ -150,8 +150,10 @@ for tool in memcheck racecheck synccheck initcheck; do
   # The chain with the next layer's QKV projection, pinned (D = F = 128 only).
   add $tool post_attn_qkv split
   add $tool post_attn_qkv-pack1 split
-  # The chain with the attention in front, pinned (dense; D = F = 128 with head_dim 32 here).
+  # The chain with the attention in front, pinned (dense; D = F = 128 with head_dim 32 here), and
+  # tuned on its shape (the tuner runs it and its front variant among the candidates).
   add $tool attention_chain attn
+  add $tool tune1 attn
 done
 for tool in memcheck racecheck synccheck initcheck; do
   for r in $all_routes; do add $tool "$r" tiny; done
