@@ -1283,7 +1283,9 @@ void CudaEngine::Impl::build_table(Plan& p) {
     // launch per layer replaces two. Dense plans with few rows (its clusters take one sequence
     // each; the row-per-warp chains win beyond ~16 row blocks per SM), S a multiple of 16 up to 128.
     const int64_t row_blocks = (p.T + 15) / 16;
-    if (p.packed) {
+    if (!pin_attention.empty()) {
+      p.chain_notes.push_back("attention chain: not offered while the attention route is pinned (HK_ATTENTION)");
+    } else if (p.packed) {
       p.chain_notes.push_back("attention chain: the padding-free layout is not served (dense only)");
     } else if (row_blocks > 16 * int64_t(sm_count)) {
       p.chain_notes.push_back("attention chain: not offered beyond 16 row blocks per SM");
