@@ -879,6 +879,16 @@ double measure_copy_gbs() {
 
 }  // namespace
 
+// Wqkv [3D, D] and bqkv [3D] in fp16 at nn.Linear init scale (U(+-1/sqrt(D))), in that order.
+void make_qkv_weights(int D, std::mt19937_64& rng, std::vector<__half>& w, std::vector<__half>& b) {
+  const double ad = 1.0 / std::sqrt(double(D));
+  std::uniform_real_distribution<double> u(-ad, ad);
+  w.resize(size_t(3) * size_t(D) * size_t(D));
+  b.resize(size_t(3) * size_t(D));
+  for (auto& v : w) v = __double2half(u(rng));
+  for (auto& v : b) v = __double2half(u(rng));
+}
+
 // ---- the chain with the next layer's QKV projection (PostAttnParams::qkv_out) -----------------------
 struct QkvCase {
   int D = 128;
@@ -911,11 +921,8 @@ QkvOutcome run_qkv_case(const QkvCase& c, uint64_t seed) {
   const int64_t rows = c.rows, alloc = rows + kGuardRows;
   const Model m = make_model(D, F, rng);
   const DevModel dm(m);
-  std::vector<__half> wq(static_cast<size_t>(N) * D), bq(static_cast<size_t>(N));
-  const double ad = 1.0 / std::sqrt(double(D));
-  std::uniform_real_distribution<double> uq(-ad, ad);
-  for (auto& v : wq) v = __double2half(uq(rng));
-  for (auto& v : bq) v = __double2half(uq(rng));
+  std::vector<__half> wq, bq;
+  make_qkv_weights(D, rng, wq, bq);
   std::normal_distribution<double> nd(0.0, 1.0);
   std::vector<__half> o(size_t(alloc) * D);
   std::vector<float> x(size_t(alloc) * D);
@@ -1075,11 +1082,8 @@ AttnOutcome run_attn_case(const AttnCase& c, uint64_t seed) {
   const int64_t rows = int64_t(c.B) * c.S, alloc = rows + kGuardRows;
   const Model m = make_model(D, F, rng);
   const DevModel dm(m);
-  std::vector<__half> wq(static_cast<size_t>(N) * D), bq(static_cast<size_t>(N));
-  const double ad = 1.0 / std::sqrt(double(D));
-  std::uniform_real_distribution<double> uq(-ad, ad);
-  for (auto& v : wq) v = __double2half(uq(rng));
-  for (auto& v : bq) v = __double2half(uq(rng));
+  std::vector<__half> wq, bq;
+  make_qkv_weights(D, rng, wq, bq);
   std::vector<int32_t> len(static_cast<size_t>(c.B), c.S);
   for (int b = 0; b < c.B; ++b) {
     if (c.lens == Lens::random) len[size_t(b)] = std::uniform_int_distribution<int>(1, c.S)(rng);
@@ -1097,12 +1101,11 @@ AttnOutcome run_attn_case(const AttnCase& c, uint64_t seed) {
     for (int k = 0; k < D; ++k) x[size_t(r) * D + k] = r < rows ? float(nd(rng)) : std::nanf("");
   }
   // front: the layer's own q | k | v = fp16(fp16(LN(x; ln_front)) Wf^T + bf) for every row.
-  std::vector<__half> wf(static_cast<size_t>(N) * D), bfr(static_cast<size_t>(N));
+  std::vector<__half> wf, bfr;
   std::vector<float> lfw(static_cast<size_t>(D)), lfb(static_cast<size_t>(D));
   std::vector<__half> qkv_front_ref;
   if (c.front) {
-    for (auto& v : wf) v = __double2half(uq(rng));
-    for (auto& v : bfr) v = __double2half(uq(rng));
+    make_qkv_weights(D, rng, wf, bfr);
     for (auto& v : lfw) v = float(std::uniform_real_distribution<double>(0.5, 1.5)(rng));
     for (auto& v : lfb) v = float(std::uniform_real_distribution<double>(-0.3, 0.3)(rng));
     std::vector<double> xr(static_cast<size_t>(D)), hr;
