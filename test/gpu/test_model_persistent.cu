@@ -526,8 +526,11 @@ void time_case(const char* name, int B, int S, int D, int H, int F, int L, bool 
     int khz = 0;
     CHECK_CUDA(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
     const double us_per_cycle = 1e3 / double(khz);
-    static const char* const span[9] = {"qkv", "kv_wait", "attention", "wo_issue", "out_proj",
-                                        "ln2",  "ffn_in",  "ffn_out",   "ln1"};
+    // Events per layer, as the kernel lays out a warp's row (model_persistent.cuh).
+    constexpr int kPhases = hk::cuda::persistent_trace_events(1) - hk::cuda::persistent_trace_events(0);
+    static const char* const span[] = {"qkv", "kv_wait", "attention", "wo_issue", "out_proj",
+                                       "ln2", "ffn_in",  "ffn_out",   "ln1"};
+    static_assert(sizeof(span) / sizeof(span[0]) == kPhases, "one name per event of a layer");
     std::printf("  trace (len[0] = %d; us, mean of %d layers, slowest warp, %d MHz):", len[0], L, khz / 1000);
     for (const char* p : span) std::printf(" %9s", p);
     std::printf("  %9s %9s\n", "entry", "total");
@@ -538,9 +541,9 @@ void time_case(const char* name, int B, int S, int D, int H, int F, int L, bool 
         return double(v);
       };
       std::printf("  rank %d%*s", r, 55, "");
-      for (int p = 0; p < 9; ++p) {
+      for (int p = 0; p < kPhases; ++p) {
         double sum = 0;
-        for (int l = 0; l < L; ++l) sum += at(2 + 9 * l + p) - at(1 + 9 * l + p);
+        for (int l = 0; l < L; ++l) sum += at(2 + kPhases * l + p) - at(1 + kPhases * l + p);
         std::printf(" %9.3f", sum / L * us_per_cycle);
       }
       std::printf("  %9.3f %9.3f\n", (at(1) - at(0)) * us_per_cycle, (at(E - 1) - at(0)) * us_per_cycle);
