@@ -1293,6 +1293,17 @@ void CudaEngine::Impl::build_table(Plan& p) {
       p.chain_notes.push_back("attention chain: (D, F, H, S) outside its limits (D = F = 128 with head_dim 32 or 64 "
                               "with 16; S a multiple of 16 up to 128; compute capability 9.0+)");
     } else {
+      // The chain's parameters from out_proj (`count` steps) with the attention in front, reading
+      // this layer's q | k | v from the qkv buffer.
+      auto attention_params = [E, P, chain_params](const Ctx& c, const Step* out_proj, int count) {
+        PostAttnParams q = chain_params(c, out_proj, count);
+        q.o = nullptr;
+        q.qkv_in = static_cast<const __half*>(E->buf.qkv);
+        q.H = E->cfg.n_heads;
+        q.causal = E->cfg.causal;
+        q.attn_scale = P->attn.scale;
+        return q;
+      };
       for (const bool qkv : {true, false}) {
         Kernel<Ctx> k;
         k.name = post_attn_attention_name(cfg.d_model, cfg.ffn_dim, cfg.n_heads, qkv);
@@ -1307,14 +1318,8 @@ void CudaEngine::Impl::build_table(Plan& p) {
                    : match_chain(st, at, {StepKind::attention, StepKind::out_proj, StepKind::ln2, StepKind::ffn_in,
                                           StepKind::ffn_out, StepKind::final_ln});
         };
-        k.run = [E, P, chain_params](Ctx& c, const Step* first, int count) {
-          PostAttnParams q = chain_params(c, first + 1, count - 1);
-          q.o = nullptr;
-          q.qkv_in = static_cast<const __half*>(E->buf.qkv);
-          q.H = E->cfg.n_heads;
-          q.causal = E->cfg.causal;
-          q.attn_scale = P->attn.scale;
-          post_attn_fused(q, c.stream);
+        k.run = [attention_params](Ctx& c, const Step* first, int count) {
+          post_attn_fused(attention_params(c, first + 1, count - 1), c.stream);
         };
         add(std::move(k), qkv ? "attn_post_attn_qkv" : "attn_post_attn", {"backends/cuda/post_attn_fused"});
       }
@@ -1327,19 +1332,14 @@ void CudaEngine::Impl::build_table(Plan& p) {
                                     StepKind::ln2, StepKind::ffn_in, StepKind::ffn_out, StepKind::ln1,
                                     StepKind::qkv_proj});
       };
-      k.run = [E, P, chain_params](Ctx& c, const Step* first, int count) {
-        PostAttnParams q = chain_params(c, first + 3, count - 3);
+      k.run = [E, attention_params](Ctx& c, const Step* first, int count) {
+        PostAttnParams q = attention_params(c, first + 3, count - 3);
         const DeviceLayerWeights& w = E->weights->layer(first->layer);
-        q.o = nullptr;
         q.qkv_front = static_cast<__half*>(E->buf.qkv);
-        q.qkv_in = q.qkv_front;
         q.w_qkv_front = static_cast<const __half*>(w.w_qkv);
         q.b_qkv_front = static_cast<const __half*>(w.b_qkv);
         q.ln_front_w = w.ln1_w;
         q.ln_front_b = w.ln1_b;
-        q.H = E->cfg.n_heads;
-        q.causal = E->cfg.causal;
-        q.attn_scale = P->attn.scale;
         post_attn_fused(q, c.stream);
       };
       add(std::move(k), "attn_front", {"backends/cuda/post_attn_fused"});

@@ -1894,17 +1894,22 @@ const char* post_attn_qkv_name(int D, int F) {
   return D == 64 ? "hk::post_attn[cuda.fused.d64.qkv]" : "hk::post_attn[cuda.fused.d128.qkv]";
 }
 
+namespace {
+// (D, F, H) with an instantiation of the attention chain: D = F = 64 or 128 at attn_head_dim.
+bool attn_instantiated(int D, int F, int H) {
+  return split_supported(D, F) && H >= 1 && D % H == 0 &&
+         D / H == (D == 64 ? attn_head_dim<64>() : attn_head_dim<128>());
+}
+}  // namespace
+
 bool post_attn_attention_supports(int D, int F, int H, int S) {
-  if (!split_supported(D, F) || H < 1 || D % H != 0 || S < kWarpRows || S > kAttnMaxS || S % kWarpRows != 0) {
-    return false;
-  }
-  if (D / H != (D == 64 ? attn_head_dim<64>() : attn_head_dim<128>())) return false;
+  if (!attn_instantiated(D, F, H) || S < kWarpRows || S > kAttnMaxS || S % kWarpRows != 0) return false;
   if (!post_attn_fused_supports(D, F)) return false;
   return D == 64 ? attn_fits<64>(S) : attn_fits<128>(S);
 }
 
 const char* post_attn_attention_name(int D, int F, int H, bool qkv, bool front) {
-  if (!split_supported(D, F) || H < 1 || D % H != 0 || D / H != (D == 64 ? 16 : 32)) return "";
+  if (!attn_instantiated(D, F, H)) return "";
   if (front && qkv) return D == 64 ? "hk::post_attn[cuda.fused.d64.ln.qkv.attn.qkv]" : "hk::post_attn[cuda.fused.d128.ln.qkv.attn.qkv]";
   if (front) return "";
   if (D == 64) return qkv ? "hk::post_attn[cuda.fused.d64.attn.qkv]" : "hk::post_attn[cuda.fused.d64.attn]";
