@@ -233,7 +233,7 @@ Routes routes_from_environment() {
   if (!algo.empty() && algo != "auto") r.pins["gemm_algo"] = algo;
   const std::string qkv_gemm = knob_choice("HK_QKV_GEMM", {"auto", "cublaslt", "mma"});
   if (qkv_gemm == "cublaslt" || qkv_gemm == "mma") r.pins["qkv_gemm"] = qkv_gemm;
-  const std::string chains = knob_choice("HK_CHAINS", {"auto", "off", "persistent", "post_attn_qkv", "attention_chain"});
+  const std::string chains = knob_choice("HK_CHAINS", {"auto", "off", "persistent", "post_attn_qkv", "attention_chain", "attention_model"});
   if (!chains.empty() && chains != "auto") r.pins["chains"] = chains;
   const std::string pack = knob_choice("HK_PACK", {"auto", "0", "1"});
   if (pack == "0" || pack == "1") r.pins["pack"] = pack;
@@ -423,7 +423,9 @@ struct CudaEngine::Impl {
   int pinned_option(const Plan& p, const tune::Segment<Ctx>& seg) const;
   // HK_CHAINS pins one chain kernel (post_attn_qkv, attention_chain): its per-layer plan then
   // stays, tuned or not (no whole-model kernel in its place).
-  bool pinned_chain_kernel() const { return pin_chains == "post_attn_qkv" || pin_chains == "attention_chain"; }
+  bool pinned_chain_kernel() const {
+    return pin_chains == "post_attn_qkv" || pin_chains == "attention_chain" || pin_chains == "attention_model";
+  }
   void decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ctx& c);
   void decide_graph(Plan& p, cudaGraphExec_t g, const Ctx& c);
   void decide_whole_model(Plan& p, const Ctx& c);
@@ -1077,7 +1079,7 @@ void CudaEngine::Impl::build_table(Plan& p) {
   // kernels do not run: while one is pinned they are not candidates (HK_CHAINS=persistent still
   // pins them).
   if (persistent && step_pinned && pin_chains != "persistent") {
-    p.whole_model_note = "whole-model kernel: not a candidate while a step route is pinned";
+    p.whole_model_note = "persistent whole-model kernels: not candidates while a step route is pinned";
   } else if (persistent && precision == Precision::fast && pin_chains != "off" &&
              ((routes.tune && !pinned_chain_kernel()) || pin_chains == "persistent")) {
     // The kernels of model_persistent.cuh: a warp per row tile (tiles), or 16 warps per CTA
@@ -1104,10 +1106,10 @@ void CudaEngine::Impl::build_table(Plan& p) {
           {"backends/cuda/model_persistent"});
     }
   } else if (!persistent) {
-    p.whole_model_note = "whole-model kernel: this model / S is outside its limits (or not built)";
+    p.whole_model_note = "persistent whole-model kernels: this model / S is outside their limits (or not built)";
   }
 #else
-  p.whole_model_note = "whole-model kernel: not part of this build";
+  p.whole_model_note = "persistent whole-model kernels: not part of this build";
 #endif
 
   // ---- fused chains: candidates against the single kernels they replace ----------------------
@@ -1343,6 +1345,69 @@ void CudaEngine::Impl::build_table(Plan& p) {
         post_attn_fused(q, c.stream);
       };
       add(std::move(k), "attn_front", {"backends/cuda/post_attn_fused"});
+      // The whole forward in one kernel: these chains layer after layer on the same clusters, the
+      // residual in registers (post_attn_model). A plan-level candidate as the persistent kernels.
+      if (!post_attn_model_supports(cfg.d_model, cfg.ffn_dim, cfg.n_heads, S, cfg.n_layers)) {
+        p.chain_notes.push_back("attention model: L = " + std::to_string(cfg.n_layers) + " outside 2.." +
+                                std::to_string(kPostAttnModelMaxLayers));
+      } else if (step_pinned && pin_chains != "attention_model") {
+        p.chain_notes.push_back("attention model: not a candidate while a step route is pinned");
+      } else if ((routes.tune && !pinned_chain_kernel()) || pin_chains == "attention_model") {
+        Kernel<Ctx> km;
+        km.name = post_attn_model_name(cfg.d_model, cfg.ffn_dim, cfg.n_heads);
+        km.covers = [](const std::vector<Step>&, size_t, const Shape&) { return 0; };
+        km.run = [E, P](Ctx& c, const Step*, int) {
+          PostAttnModelParams m;
+          m.L = E->cfg.n_layers;
+          for (int l = 0; l < m.L; ++l) {
+            const DeviceLayerWeights& w = E->weights->layer(l);
+            PostAttnParams& q = m.layer[l];
+            q.x_in = c.x;
+            q.x_out = E->buf.x;  // neither read nor written (the residual stays on chip)
+            q.w_o = static_cast<const __half*>(w.w_o);
+            q.b_o = w.b_o;
+            q.ln2_w = w.ln2_w;
+            q.ln2_b = w.ln2_b;
+            q.w_in = static_cast<const __half*>(w.w_in);
+            q.b_in = static_cast<const __half*>(w.b_in);
+            q.w_out = static_cast<const __half*>(w.w_out);
+            q.b_out = w.b_out;
+            if (l + 1 == m.L) {
+              q.ln_next_w = E->weights->final_w();
+              q.ln_next_b = E->weights->final_b();
+              q.y = c.y;
+              q.tail = true;
+            } else {
+              const DeviceLayerWeights& next = E->weights->layer(l + 1);
+              q.ln_next_w = next.ln1_w;
+              q.ln_next_b = next.ln1_b;
+              q.w_qkv = static_cast<const __half*>(next.w_qkv);
+              q.b_qkv = static_cast<const __half*>(next.b_qkv);
+              q.qkv_out = static_cast<__half*>(E->buf.qkv);
+            }
+            if (l == 0) {
+              q.qkv_front = static_cast<__half*>(E->buf.qkv);
+              q.w_qkv_front = static_cast<const __half*>(w.w_qkv);
+              q.b_qkv_front = static_cast<const __half*>(w.b_qkv);
+              q.ln_front_w = w.ln1_w;
+              q.ln_front_b = w.ln1_b;
+            }
+            q.qkv_in = static_cast<const __half*>(E->buf.qkv);
+            q.H = E->cfg.n_heads;
+            q.causal = E->cfg.causal;
+            q.attn_scale = P->attn.scale;
+            q.lengths = c.lengths;
+            q.S = E->S;
+            q.rows = int64_t(P->B) * E->S;
+            q.D = E->cfg.d_model;
+            q.F = E->cfg.ffn_dim;
+            q.eps = E->eps;
+          }
+          post_attn_model(m, c.stream);
+        };
+        p.whole_models.push_back(int(t.size()));
+        add(std::move(km), "attention_model", {"backends/cuda/post_attn_fused"});
+      }
     }
   } else {
     p.chain_notes.push_back("post_attn: D " + std::to_string(cfg.d_model) + ", F " + std::to_string(cfg.ffn_dim) +
@@ -1602,7 +1667,7 @@ void CudaEngine::Impl::run_inner(Plan& p, const PlannedKernel<Ctx>& k, Ctx& c) {
 // ln1 and QKV projection, else the one with the next layer's QKV projection, else the one ending at
 // ln1 / final_ln, else -1.
 int CudaEngine::Impl::pinned_option(const Plan& p, const tune::Segment<Ctx>& seg) const {
-  if (!pinned_chain_kernel()) return -1;
+  if (!pinned_chain_kernel() || pin_chains == "attention_model") return -1;  // the latter: a whole-model kernel
   const std::vector<std::string> ids = pin_chains == "post_attn_qkv"
                                            ? std::vector<std::string>{"post_attn_qkv"}
                                            : std::vector<std::string>{"attn_front", "attn_post_attn_qkv", "attn_post_attn"};
@@ -1919,7 +1984,9 @@ void CudaEngine::Impl::decide_whole_model(Plan& p, const Ctx& c) {
   auto whole_plan = [&](size_t i) {
     return std::vector<PlannedKernel<Ctx>>{{&p.table[size_t(p.whole_models[i])], 0, int(steps.size())}};
   };
-  if (pin_chains == "persistent") {  // the first kernel the model fits (tiles, then columns)
+  // HK_CHAINS=persistent: the first kernel the model fits (tiles, then columns); attention_model:
+  // the only whole-model candidate then.
+  if (pin_chains == "persistent" || pin_chains == "attention_model") {
     p.kernels = whole_plan(0);
     return;
   }
@@ -2005,7 +2072,7 @@ void CudaEngine::Impl::warm_up(Plan& p, const Ctx& c, cudaStream_t caller_stream
       decide_qkv_chain(p, w);
     }
     // HK_CHAINS=post_attn_qkv / attention_chain keeps its per-layer plan (no whole-model kernel in its place).
-    if ((routes.tune && !pinned_chain_kernel()) || pin_chains == "persistent") {
+    if ((routes.tune && !pinned_chain_kernel()) || pin_chains == "persistent" || pin_chains == "attention_model") {
       if (aliased)  // the plan's own run overwrote x: the whole-model decision needs the input
         HK_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(c.x), alias_scratch.get(), x_bytes,
                                       cudaMemcpyDeviceToDevice, capture_stream));

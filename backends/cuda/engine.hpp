@@ -21,7 +21,7 @@
 //   HK_GELU=auto|erf|epilogue   pins ffn_in's GELU (epilogue: cuBLASLt's tanh form, fast only)
 //   HK_GEMM_LAYOUT=auto|nk|kn, HK_GEMM_ALGO=auto|0..7   pin GEMM layout / algorithm
 //   HK_QKV_GEMM=auto|cublaslt|mma   the QKV projection's GEMM: cuBLASLt or the own mma kernel
-//   HK_CHAINS=auto|off|persistent|post_attn_qkv|attention_chain fused chain kernels considered or not, or pinned
+//   HK_CHAINS=auto|off|persistent|post_attn_qkv|attention_chain|attention_model fused chain kernels considered or not, or pinned
 //   HK_LIBRARIES=auto|all|own   own kernels only (no cuBLASLt, no cuDNN; the QKV GEMM the mma
 //                          kernel, the post-attention steps the fused chain, also untuned): pinned,
 //                          or under auto for a short job (EngineOptions::job_tokens, docs/KNOBS.md)

@@ -935,11 +935,13 @@ __device__ __forceinline__ void split_stats(const float (&acc)[NT][4], float2* s
 // visible) before the attention's staging reads them. Wqkv (the next layer's) then replaces
 // Wqkv_front in shared memory during the attention, and Wqkv_front returns at the end of a block
 // that has a successor.
-template <int DP, int FP, int W, bool kRegW, bool kQkv, int kHD, bool kFront = false>
-__device__ __forceinline__ void split_chain(const PostAttnParams& p) {
+template <int DP, int FP, int W, bool kRegW, bool kQkv, int kHD, bool kFront = false, bool kModel = false>
+__device__ __forceinline__ void split_chain(const PostAttnParams& p0, const PostAttnModelParams* mp = nullptr) {
   constexpr bool kAttn = kHD > 0;
   static_assert(!kAttn || (kRegW && W == 8), "attention in front: weights in registers, width 8");
   static_assert(!kFront || (kAttn && kQkv), "ln1 + QKV in front: with the attention and the next QKV");
+  static_assert(!kModel || kFront, "the whole model: layer 0 with its ln1 + QKV in front");
+  const PostAttnParams& p = p0;  // layer 0 (kModel) until the loop
   using T = SplitTile<DP, FP, W, kRegW, kQkv>;
   constexpr int NTW = T::kNTW, NTF = T::kNTF, NTQ = T::kNTQ, SA = T::kSA, SF = T::kSF;
   constexpr int CW = DP / W, FW = FP / W, QW = 3 * DP / W;  // residual / ffn / qkv columns per warp
@@ -961,19 +963,25 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p) {
   float* v_lnw = v_bout + DP;
   float* v_lnb = v_lnw + DP;
   float* v_bin = v_lnb + DP;
-  for (int i = tid; i < DP; i += int(blockDim.x)) {
-    v_bo[i] = p.b_o[i];
-    v_ln2w[i] = p.ln2_w[i];
-    v_ln2b[i] = p.ln2_b[i];
-    v_bout[i] = p.b_out[i];
-    v_lnw[i] = p.ln_next_w[i];
-    v_lnb[i] = p.ln_next_b[i];
-  }
-  for (int i = tid; i < FP; i += int(blockDim.x)) v_bin[i] = __half2float(p.b_in[i]);
   float* v_bq = v_bin + FP;  // kQkv: [3D]
-  if constexpr (kQkv) {
-    for (int i = tid; i < 3 * DP; i += int(blockDim.x)) v_bq[i] = __half2float(p.b_qkv[i]);
-  }
+  // The layer's bias and LayerNorm vectors into shared memory (kModel: again for every layer).
+  auto load_vectors = [&](const PostAttnParams& q) {
+    for (int i = tid; i < DP; i += int(blockDim.x)) {
+      v_bo[i] = q.b_o[i];
+      v_ln2w[i] = q.ln2_w[i];
+      v_ln2b[i] = q.ln2_b[i];
+      v_bout[i] = q.b_out[i];
+      v_lnw[i] = q.ln_next_w[i];
+      v_lnb[i] = q.ln_next_b[i];
+    }
+    for (int i = tid; i < FP; i += int(blockDim.x)) v_bin[i] = __half2float(q.b_in[i]);
+    if constexpr (kQkv) {
+      if (q.b_qkv) {
+        for (int i = tid; i < 3 * DP; i += int(blockDim.x)) v_bq[i] = __half2float(q.b_qkv[i]);
+      }
+    }
+  };
+  load_vectors(p);
 
   const uint32_t s_wo = smem_u32(smem) + uint32_t(T::kVecBytes);
   const uint32_t s_wi = s_wo + uint32_t(DP * SA) * 2u;
@@ -1054,28 +1062,39 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p) {
     return (a - mean[h]) * rstd[h] * w + b;
   };
 
+  // kModel: the residual (minus its first column's value at layer 0) stays in acc from layer to
+  // layer; `layer` is the pass over the block, the block advancing after the last layer.
+  float acc[NTW][4];
+  float c0 = 0.f, c1 = 0.f;
+  int layer = 0;
 #pragma unroll 1
-  for (bool first = true; blk < nblk; blk += stride, first = false) {
+  for (bool first = true; blk < nblk; first = false) {
+    const PostAttnParams& p = kModel ? mp->layer[layer] : p0;
+    // kModel: the block after this pass (the same block's next layer, or the next block's layer
+    // 0) and whether there is one; its register weights are fetched once this pass is done with them.
+    const int next_layer = kModel && layer + 1 < (kModel ? mp->L : 1) ? layer + 1 : 0;
+    const bool has_next = kModel && (next_layer > 0 || blk + stride < nblk);
     const int64_t row0 = blk * kWarpRows;
     const int64_t r0 = row0 + g, r1 = row0 + g + 8;
-    // Every read of x_in happens here, before the group's first barrier of this block, and every
-    // write of x_out after its later barriers: x_out may alias x_in (other warps' columns too).
-    const int64_t s0 = residual_row(p, r0), s1 = residual_row(p, r1);
-    const float c0 = s0 >= 0 ? p.x_in[s0 * D] : 0.f;
-    const float c1 = s1 >= 0 ? p.x_in[s1 * D] : 0.f;
-    float acc[NTW][4];
+    if (!kModel || layer == 0) {
+      // Every read of x_in happens here, before the group's first barrier of this block, and every
+      // write of x_out after its later barriers: x_out may alias x_in (other warps' columns too).
+      const int64_t s0 = residual_row(p, r0), s1 = residual_row(p, r1);
+      c0 = s0 >= 0 ? p.x_in[s0 * D] : 0.f;
+      c1 = s1 >= 0 ? p.x_in[s1 * D] : 0.f;
 #pragma unroll
-    for (int j = 0; j < NTW; ++j) {
-      const int col = w * CW + 8 * j + 2 * t;
-      float2 x0 = make_float2(c0, c0), x1 = make_float2(c1, c1);
-      if (s0 >= 0) x0 = *reinterpret_cast<const float2*>(p.x_in + s0 * D + col);
-      if (s1 >= 0) x1 = *reinterpret_cast<const float2*>(p.x_in + s1 * D + col);
-      acc[j][0] = x0.x - c0;
-      acc[j][1] = x0.y - c0;
-      acc[j][2] = x1.x - c1;
-      acc[j][3] = x1.y - c1;
+      for (int j = 0; j < NTW; ++j) {
+        const int col = w * CW + 8 * j + 2 * t;
+        float2 x0 = make_float2(c0, c0), x1 = make_float2(c1, c1);
+        if (s0 >= 0) x0 = *reinterpret_cast<const float2*>(p.x_in + s0 * D + col);
+        if (s1 >= 0) x1 = *reinterpret_cast<const float2*>(p.x_in + s1 * D + col);
+        acc[j][0] = x0.x - c0;
+        acc[j][1] = x0.y - c0;
+        acc[j][2] = x1.x - c1;
+        acc[j][3] = x1.y - c1;
+      }
     }
-    if constexpr (kFront) {
+    if (kFront && (!kModel || layer == 0)) {
       // ln1 and the QKV projection of this block's rows (Wqkv_front in s_wq, landed by the last
       // group barrier's cp.async wait: the one before the loop, or the one at the end of the
       // previous block).
@@ -1118,7 +1137,7 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p) {
       const int nkt = (len + kWarpRows - 1) / kWarpRows;
       const int key_rows = active ? kWarpRows * (p.causal ? min(lt + 1, nkt) : nkt) : 0;
       const int64_t D3 = 3 * int64_t(D);
-      const __half* qkv_seq = (kFront ? p.qkv_front : p.qkv_in) + seq * p.S * D3;
+      const __half* qkv_seq = p.qkv_in + seq * p.S * D3;  // qkv_front is qkv_in
       constexpr int kChunks = DP / 8;
       if (active) {
         for (int i = tid; i < kWarpRows * kChunks; i += int(blockDim.x)) {
@@ -1135,14 +1154,19 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p) {
       }
       cp_async_commit();
       if constexpr (kFront) {
-        // The next layer's Wqkv over Wqkv_front, awaited before the QKV product (its group barrier).
-        copy_panel<3 * DP, DP, SA>(s_wq, p.w_qkv, D, 3 * D, D, tid, int(blockDim.x));
+        // The next layer's Wqkv over Wqkv_front (kModel: over this layer's, last read before the
+        // previous pass's closing cluster barrier; in the last layer, layer 0's Wqkv_front for the
+        // next block), awaited before the QKV product (its group barrier) or the next front.
+        const __half* wq = !kModel || p.qkv_out ? p.w_qkv : (has_next ? mp->layer[0].w_qkv_front : nullptr);
+        if (wq) copy_panel<3 * DP, DP, SA>(s_wq, wq, D, 3 * D, D, tid, int(blockDim.x));
         cp_async_commit();
+        if (kModel && !first) load_vectors(p);  // the previous pass's reads ended at a barrier since
         cp_async_wait<1>();
       } else {
         cp_async_wait_all();
       }
-      if constexpr (kQkv) cluster_arrive();  // every read of this layer's qkv by this CTA is done
+      // Every read of this layer's qkv by this CTA is done.
+      if (kQkv && (!kModel || p.qkv_out)) cluster_arrive();
       group_sync(bar, kGroupThreads);
       if (active) {
         // The tile holds rows lt * 16 .. of the sequence: q_base is shifted back by lt tiles so
@@ -1176,6 +1200,9 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p) {
       mma_cols<NTW, DP / 16, SA>(acc, tile + a_lane, b_wo);
     }
     add_bias(acc, v_bo, w * CW);
+    if constexpr (kModel) {
+      if (has_next) load_b_frags<NTW, DP / 16>(rwo, mp->layer[next_layer].w_o, w * CW, DP, g, t);
+    }
     // ln2 -> h over the o tile (the stats barrier also ends every warp's reads of o)
     {
       float mean[2], rstd[2];
@@ -1204,6 +1231,9 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p) {
         mma_cols<NTF, DP / 16, SA>(fa, tile + a_lane, b_wi);
       }
       add_bias(fa, v_bin, w * FW);
+      if constexpr (kModel) {
+        if (has_next) load_b_frags<NTF, DP / 16>(rwi, mp->layer[next_layer].w_in, w * FW, DP, g, t);
+      }
 #pragma unroll
       for (int j = 0; j < NTF; ++j) {
         const int col = w * FW + 8 * j + 2 * t;
@@ -1223,10 +1253,13 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p) {
       mma_cols<NTW, FP / 16, SF>(acc, ftile + af_lane, b_wf);
     }
     add_bias(acc, v_bout, w * CW);
+    if constexpr (kModel) {
+      if (has_next) load_b_frags<NTW, FP / 16>(rwf, mp->layer[next_layer].w_out, w * CW, FP, g, t);
+    }
     float mean[2], rstd[2];
     split_stats<NTW, W>(acc, stats2, w, g, t, bar, kGroupThreads, D, p.eps, mean, rstd);
-    if (kQkv) {
-      // x_out, the next h into the f tile (and h_out when given), then qkv = fp16(h Wqkv^T + bqkv).
+    if (kQkv && (!kModel || p.qkv_out)) {
+      // x_out (kModel: not stored, the residual stays in acc), the next h into the f tile (and h_out when given), then qkv = fp16(h Wqkv^T + bqkv).
 #pragma unroll
       for (int j = 0; j < NTW; ++j) {
         const int col = w * CW + 8 * j + 2 * t;
@@ -1238,11 +1271,11 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p) {
             pack_half2(ln(acc[j][2], mean, rstd, 1, lw.x, lb.x), ln(acc[j][3], mean, rstd, 1, lw.y, lb.y));
         st_shared_u32(ftile + uint32_t(g * SF + col) * 2u, h0);
         st_shared_u32(ftile + uint32_t((g + 8) * SF + col) * 2u, h1);
-        if (r0 < rows) {
+        if (!kModel && r0 < rows) {
           st_global_f32x2(p.x_out + r0 * D + col, acc[j][0] + c0, acc[j][1] + c0);
           if (p.h_out) *reinterpret_cast<uint32_t*>(p.h_out + r0 * D + col) = h0;
         }
-        if (r1 < rows) {
+        if (!kModel && r1 < rows) {
           st_global_f32x2(p.x_out + r1 * D + col, acc[j][2] + c1, acc[j][3] + c1);
           if (p.h_out) *reinterpret_cast<uint32_t*>(p.h_out + r1 * D + col) = h1;
         }
@@ -1263,7 +1296,11 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p) {
       }
       // The f tile is next written after this block's reads by every warp: the next block's
       // first group barrier comes first.
-      if constexpr (kFront) {
+      if constexpr (kModel) {
+        // Every CTA's next q | k | v rows are written and visible before the next pass stages
+        // them (and this CTA's reads of shared memory are done before it is refilled).
+        cluster_sync();
+      } else if constexpr (kFront) {
         if (blk + stride < nblk) {  // Wqkv_front back for the next block's front
           group_sync(bar, kGroupThreads);  // every warp's reads of the next layer's Wqkv are done
           copy_panel<3 * DP, DP, SA>(s_wq, p.w_qkv_front, D, 3 * D, D, tid, int(blockDim.x));
@@ -1305,6 +1342,12 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p) {
           st_global_f32x2(p.y + d.dst[1] * D + col, v.x, v.y);
         }
       }
+    }
+    if constexpr (kModel) {
+      layer = next_layer;
+      if (layer == 0) blk += stride;
+    } else {
+      blk += stride;
     }
   }
   cp_async_wait_all();
@@ -1671,10 +1714,21 @@ void split_candidates(int64_t rows, std::vector<PostAttnConfig>& out) {
 // One head_dim per D (the instantiations the engine's models use: D = 128 with 4 heads, D = 64
 // with 4 heads).
 template <int DP>
-constexpr int attn_head_dim() {
+__host__ __device__ constexpr int attn_head_dim() {
   return DP == 128 ? 32 : 16;
 }
 constexpr int kAttnMaxS = 128;  // a sequence's row blocks = one cluster of at most 8 CTAs
+
+// The whole forward (PostAttnModelParams): the attention chain with the front in layer 0, then
+// layer after layer on the same CTAs. Trap before sm_90 (clusters), as the per-layer variants.
+template <int DP>
+__global__ void __launch_bounds__(8 * 32, 1) post_attn_model_kernel(const __grid_constant__ PostAttnModelParams mp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();
+#else
+  split_chain<DP, DP, 8, true, true, attn_head_dim<DP>(), true, true>(mp.layer[0], &mp);
+#endif
+}
 
 template <int DP, bool kQkv>
 size_t attn_smem_bytes(int S) {
@@ -1692,6 +1746,16 @@ void raise_attn_smem_limit() {
 }
 
 template <int DP>
+void raise_model_smem_limit() {
+  static const bool done = [] {
+    HK_CUDA_CHECK(cudaFuncSetAttribute(post_attn_model_kernel<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       device_limits().smem_optin));
+    return true;
+  }();
+  (void)done;
+}
+
+template <int DP>
 bool attn_fits(int S) {
   // Code for sm_90+ (pdl_compiled: the kernels' binary version; before it they trap) and room for
   // the keys and values next to Wqkv.
@@ -1703,7 +1767,22 @@ bool attn_fits(int S) {
   raise_attn_smem_limit<DP, true>();
   raise_attn_smem_limit<DP, false>();
   raise_attn_smem_limit<DP, true, true>();
+  raise_model_smem_limit<DP>();
   return true;
+}
+
+// The attention chains' grid: one sequence per cluster at a time, about one wave of clusters
+// looping over the batch.
+template <class Kernel, class Args>
+void launch_attn_clusters(Kernel kernel, const PostAttnParams& p, size_t smem, cudaStream_t stream, const Args& args) {
+  int occ = 0;
+  HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, 8 * 32, smem));
+  if (occ < 1) throw std::invalid_argument("hk::post_attn[cuda.fused.attn]: kernel does not fit on an SM");
+  const int csize = p.S / kWarpRows;
+  const int64_t B = p.rows / p.S;
+  const int64_t clusters = std::min<int64_t>(B, std::max<int64_t>(1, int64_t(occ) * device_limits().sms / csize));
+  launch_pdl_cluster(kernel, dim3(unsigned(clusters * csize)), dim3(8 * 32), dim3(unsigned(csize)), smem, stream, args);
+  HK_CUDA_CHECK_LAUNCH();
 }
 
 template <int DP>
@@ -1711,18 +1790,9 @@ void launch_attn(const PostAttnParams& p, cudaStream_t stream) {
   auto run = [&](auto qc, auto fc) {
     constexpr bool kQkv = decltype(qc)::value;
     constexpr bool kFront = decltype(fc)::value;
-    const auto kernel = post_attn_split_kernel<DP, DP, 8, true, kQkv, attn_head_dim<DP>(), kFront>;
     raise_attn_smem_limit<DP, kQkv, kFront>();
-    const size_t smem = attn_smem_bytes<DP, kQkv>(p.S);
-    int occ = 0;
-    HK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, 8 * 32, smem));
-    if (occ < 1) throw std::invalid_argument("hk::post_attn[cuda.fused.attn]: kernel does not fit on an SM");
-    const int csize = p.S / kWarpRows;
-    const int64_t B = p.rows / p.S;
-    // One sequence per cluster at a time; about one wave of clusters loops over the batch.
-    const int64_t clusters = std::min<int64_t>(B, std::max<int64_t>(1, int64_t(occ) * device_limits().sms / csize));
-    launch_pdl_cluster(kernel, dim3(unsigned(clusters * csize)), dim3(8 * 32), dim3(unsigned(csize)), smem, stream, p);
-    HK_CUDA_CHECK_LAUNCH();
+    launch_attn_clusters(post_attn_split_kernel<DP, DP, 8, true, kQkv, attn_head_dim<DP>(), kFront>, p,
+                         attn_smem_bytes<DP, kQkv>(p.S), stream, p);
   };
   if (p.w_qkv_front) {
     run(std::true_type{}, std::true_type{});
@@ -1914,6 +1984,48 @@ const char* post_attn_attention_name(int D, int F, int H, bool qkv, bool front) 
   if (front) return "";
   if (D == 64) return qkv ? "hk::post_attn[cuda.fused.d64.attn.qkv]" : "hk::post_attn[cuda.fused.d64.attn]";
   return qkv ? "hk::post_attn[cuda.fused.d128.attn.qkv]" : "hk::post_attn[cuda.fused.d128.attn]";
+}
+
+bool post_attn_model_supports(int D, int F, int H, int S, int L) {
+  return L >= 2 && L <= kPostAttnModelMaxLayers && post_attn_attention_supports(D, F, H, S);
+}
+
+const char* post_attn_model_name(int D, int F, int H) {
+  if (!attn_instantiated(D, F, H)) return "";
+  return D == 64 ? "hk::model[cuda.attn_chain.d64]" : "hk::model[cuda.attn_chain.d128]";
+}
+
+void post_attn_model(const PostAttnModelParams& m, cudaStream_t stream) {
+  auto fail = [](const std::string& what) {
+    throw std::invalid_argument("hk::model[cuda.attn_chain]: " + what);
+  };
+  if (m.L < 2 || m.L > kPostAttnModelMaxLayers) fail("L must be in [2, " + std::to_string(kPostAttnModelMaxLayers) + "]");
+  const PostAttnParams& p0 = m.layer[0];
+  for (int l = 0; l < m.L; ++l) {
+    const PostAttnParams& p = m.layer[l];
+    const std::string at = "layer " + std::to_string(l) + ": ";
+    validate(p);
+    if (!p.qkv_in) fail(at + "qkv_in is null (the attention in the chain)");
+    if (!post_attn_model_supports(p.D, p.F, p.H, p.S, m.L)) fail(at + "unsupported D / F / H / S / L or device");
+    if (p.rows != p0.rows || p.S != p0.S || p.D != p0.D || p.F != p0.F || p.H != p0.H || p.causal != p0.causal ||
+        p.attn_scale != p0.attn_scale || p.lengths != p0.lengths || p.eps != p0.eps || p.qkv_in != p0.qkv_in) {
+      fail(at + "rows, S, D, F, H, causal, attn_scale, lengths, eps and qkv_in must be those of layer 0");
+    }
+    if ((l == 0) != (p.w_qkv_front != nullptr)) fail(at + "layer 0 and only layer 0 has the front (w_qkv_front)");
+    const bool last = l == m.L - 1;
+    if (last ? (!p.tail || p.qkv_out) : (p.tail || p.qkv_out != p.qkv_in || p.h_out)) {
+      fail(at + (last ? "the last layer is the tail, without qkv_out"
+                      : "a layer before the last writes qkv_out over qkv_in (no tail, no h_out)"));
+    }
+  }
+  if (p0.rows == 0) return;
+  if (p0.D == 64) {
+    raise_model_smem_limit<64>();
+    launch_attn_clusters(post_attn_model_kernel<64>, p0, attn_smem_bytes<64, true>(p0.S), stream, m);
+  } else {
+    raise_model_smem_limit<128>();
+    launch_attn_clusters(post_attn_model_kernel<128>, p0, attn_smem_bytes<128, true>(p0.S), stream, m);
+  }
 }
 
 const char* post_attn_fused_name(int D, int F) {

@@ -87,6 +87,20 @@ struct PostAttnParams {
   float eps = 1e-5f;
 };
 
+// The whole forward in one kernel (post_attn_model_supports): the attention chain above, layer after
+// layer, the residual rows kept in registers between layers (x_in read once, x_out never written).
+// layer[0] has the front (w_qkv_front, ...; qkv_front == qkv_in) and layer[l] for l < L - 1 writes
+// the next layer's q | k | v over its own (qkv_out == qkv_in, one buffer for every layer); layer[L - 1]
+// is the tail (y = LN(x; final_norm), zero on padded rows; y may be layer[0].x_in: every CTA reads its
+// rows' residual in layer 0 and writes their y in the last layer). Every layer: the same rows, S, D,
+// F, H, causal, attn_scale, lengths and eps; x_out and h_out are neither read nor written (x_out must
+// still be given as validate() expects). layer[l].w_qkv is layer l + 1's projection.
+constexpr int kPostAttnModelMaxLayers = 8;
+struct PostAttnModelParams {
+  PostAttnParams layer[kPostAttnModelMaxLayers];
+  int L = 0;
+};
+
 // Tuning overrides (tests and tuners): 0 / -1 keep the automatic choice.
 //   warps:     warps per CTA (each owns 16 rows at a time); clamped to what the kernel allows
 //   prefetch:  1 = double-buffer the o tile (the next row block's o loads during this block's
@@ -192,6 +206,18 @@ bool post_attn_attention_supports(int D, int F, int H, int S);
 // layer's ln1 and QKV projection in front, qkv only) "...d128.ln.qkv.attn.qkv]"; d64 likewise; ""
 // if unsupported.
 const char* post_attn_attention_name(int D, int F, int H, bool qkv, bool front = false);
+
+// The whole forward in one kernel (PostAttnModelParams): where post_attn_attention_supports(D, F, H,
+// S) holds and 2 <= L <= kPostAttnModelMaxLayers. One thread-block cluster of S / 16 CTAs per
+// sequence runs all L layers of it (each CTA one row block; about one wave of clusters loops over the
+// batch); one cluster barrier per layer more than the per-layer kernels (the next q | k | v of every
+// row block written before any CTA stages it). Throws std::invalid_argument where unsupported or
+// inconsistent (the same checks as post_attn_fused for every layer, plus the layer structure above).
+// rows == 0 launches nothing.
+bool post_attn_model_supports(int D, int F, int H, int S, int L);
+void post_attn_model(const PostAttnModelParams& p, cudaStream_t stream);
+// "hk::model[cuda.attn_chain.d128]" / "...d64]"; "" if not instantiated for (D, F, H).
+const char* post_attn_model_name(int D, int F, int H);
 
 // Profiler name of the kernel (D, F) runs on, e.g. "hk::post_attn[cuda.fused.d128]",
 // "hk::post_attn[cuda.fused.d256.stream]", "hk::post_attn[cuda.fused.pad128]"; "" if unsupported.

@@ -10,6 +10,7 @@
 #   chains-off   HK_CHAINS=off with HK_TUNE=1: the tuned plan of single-step kernels
 #   post_attn_qkv, post_attn_qkv-pack1   HK_CHAINS=post_attn_qkv (HK_TUNE=0), dense and HK_PACK=1 (D = F = 128 input)
 #   attention_chain   HK_CHAINS=attention_chain (HK_TUNE=0): the chain with the attention in front (S = 48 inputs)
+#   attention_model   HK_CHAINS=attention_model (HK_TUNE=0): those chains as one whole-model kernel (S = 48 inputs)
 #   graph0       HK_GRAPH=0: eager launches
 #   pack1, pack1-tune1   HK_PACK=1: padding-free (packed) forward, untuned and tuned
 #   fp32, fp32-tune1     --precision fp32
@@ -132,6 +133,7 @@ route_env[post_attn_qkv]="HK_TUNE=0 HK_CHAINS=post_attn_qkv";       route_opt[po
 route_env[post_attn_qkv-pack1]="HK_TUNE=0 HK_CHAINS=post_attn_qkv HK_PACK=1"
 route_opt[post_attn_qkv-pack1]="--precision fast"
 route_env[attention_chain]="HK_TUNE=0 HK_CHAINS=attention_chain"; route_opt[attention_chain]="--precision fast"
+route_env[attention_model]="HK_TUNE=0 HK_CHAINS=attention_model"; route_opt[attention_model]="--precision fast"
 route_env[materialized]="HK_TUNE=0 HK_ATTENTION=materialized";       route_opt[materialized]="--precision fast"
 route_env[fp32]="HK_TUNE=0";                                       route_opt[fp32]="--precision fp32"
 route_env[fp32-tune1]="HK_TUNE=1 HK_TUNE_CACHE=off HK_TUNE_VERBOSE=1"
@@ -153,6 +155,7 @@ for tool in memcheck racecheck synccheck initcheck; do
   # The chain with the attention in front, pinned (dense; D = F = 128 with head_dim 32 here), and
   # tuned on its shape (the tuner runs it and its front variant among the candidates).
   add $tool attention_chain attn
+  add $tool attention_model attn
   add $tool tune1 attn
 done
 for tool in memcheck racecheck synccheck initcheck; do
@@ -174,6 +177,8 @@ add memcheck tune1 split-big
 add racecheck post_attn_qkv split-big
 add memcheck attention_chain attn-big
 add racecheck attention_chain attn-big
+add memcheck attention_model attn-big
+add racecheck attention_model attn-big
 for r in $all_routes; do add memcheck "$r" mid; done
 for r in $all_routes; do add memcheck "$r" long; done
 for r in fp32 fp32-tune1; do add memcheck $r d100; add initcheck $r d100; done

@@ -659,10 +659,13 @@ int run_post_attn_qkv_case(const Case& c, const std::string& cache_dir) {
 // the final LayerNorm; within budget against the
 // float64 reference with padded rows exactly 0; forward_device gives the host path's bits, also
 // on a second forward with other lengths (the captured graph reads them on the device).
-int run_attention_chain_case(const Case& c) {
+// whole_model: HK_CHAINS=attention_model, the same chains layer after layer in one kernel
+// (post_attn_model, L up to 8): the plan is that one kernel; the same checks, and an in-place
+// forward_device (y over x) within budget.
+int run_attention_chain_case(const Case& c, bool whole_model = false) {
   Table t(c);
-  std::printf("---- attention_chain %s: B=%d S=%d D=%d H=%d F=%d L=%d %s\n", c.name.c_str(), c.B, c.S, c.D, c.H, c.F,
-              c.L, c.causal ? "causal" : "bidirectional");
+  std::printf("---- %s %s: B=%d S=%d D=%d H=%d F=%d L=%d %s\n", whole_model ? "attention_model" : "attention_chain",
+              c.name.c_str(), c.B, c.S, c.D, c.H, c.F, c.L, c.causal ? "causal" : "bidirectional");
   const hk::ModelConfig cfg = config_of(c);
   const uint64_t seed = uint64_t(c.B * 4243 + c.S * 37 + c.D * 3 + c.L);
   Runner run{c, hk::synthetic_model(cfg, seed, c.nontrivial_ln), nullptr};
@@ -679,16 +682,22 @@ int run_attention_chain_case(const Case& c) {
   const int want = major >= 9 ? c.L : 0;
   try {
     Routes r;
-    r.pins["chains"] = "attention_chain";
+    r.pins["chains"] = whole_model ? "attention_model" : "attention_chain";
     r.pins["pack"] = "0";
     auto e = run.engine(Precision::fast, r);
     const std::string plan = e->explain(c.B);
-    const int with_qkv = count(plan, ".attn.qkv]"), all = count(plan, ".attn"), front = count(plan, ".ln.qkv.attn");
-    t.row("plan",
-          std::to_string(all) + " attention chains, " + std::to_string(with_qkv) + " with QKV, " +
-              std::to_string(front) + " with ln1 + QKV in front",
-          all == want && with_qkv == std::max(0, want - 1) && front == (want > 0 ? 1 : 0),
-          "expected " + std::to_string(want) + " (layer 0 with its ln1 + QKV)");
+    if (whole_model) {
+      const int models = count(plan, "hk::model[cuda.attn_chain.d"), chains = count(plan, "hk::post_attn[");
+      t.row("plan", std::to_string(models) + " whole-model kernels, " + std::to_string(chains) + " per-layer chains",
+            models == (want > 0 ? 1 : 0) && (want == 0 || chains == 0), want > 0 ? "expected the one kernel" : "cc < 9");
+    } else {
+      const int with_qkv = count(plan, ".attn.qkv]"), all = count(plan, ".attn"), front = count(plan, ".ln.qkv.attn");
+      t.row("plan",
+            std::to_string(all) + " attention chains, " + std::to_string(with_qkv) + " with QKV, " +
+                std::to_string(front) + " with ln1 + QKV in front",
+            all == want && with_qkv == std::max(0, want - 1) && front == (want > 0 ? 1 : 0),
+            "expected " + std::to_string(want) + " (layer 0 with its ln1 + QKV)");
+    }
     for (int round = 0; round < 2; ++round) {
       std::vector<int32_t> lengths = make_lengths(c, seed + uint64_t(round) * 977);
       if (lengths.empty()) lengths.assign(size_t(c.B), c.S);
@@ -710,9 +719,17 @@ int run_attention_chain_case(const Case& c) {
       e->forward_device(xd.get<float>(), ld.get<int32_t>(), c.B, yd.get<float>(), run.stream, tokens);
       HK_TEST_CUDA(cudaStreamSynchronize(run.stream));
       t.row(round == 0 ? "device" : "device, new lengths", "== host bits", same_bits(yd.download<float>(n), yh));
+      if (whole_model) {  // y over x: every CTA reads its rows' x in layer 0, writes their y in the last
+        e->forward_device(xd.get<float>(), ld.get<int32_t>(), c.B, xd.get<float>(), run.stream, tokens);
+        HK_TEST_CUDA(cudaStreamSynchronize(run.stream));
+        const std::vector<float> yi = xd.download<float>(n);
+        const double ri = hk::test::budget_ratio(yi.data(), ref);
+        t.row(round == 0 ? "device, in place" : "device, in place, new lengths", "ratio " + fmt("%.3g", ri),
+              ri <= 1.0 && padded_rows_zero(c, yi, lengths));
+      }
     }
   } catch (const hk::Error& err) {
-    t.row("attention_chain", "threw", false, err.what());
+    t.row(whole_model ? "attention_model" : "attention_chain", "threw", false, err.what());
   }
   cudaStreamDestroy(run.stream);
   return t.failures();
@@ -726,6 +743,19 @@ TEST(CudaForward, AttentionChain) {
   failures += run_attention_chain_case({"S=48 D=128 H=4 F=128 L=3", 5, 48, 128, 4, 128, 3, true, true, Lens::edge});
   failures += run_attention_chain_case({"S=16 D=64 H=4 F=64 L=2", 9, 16, 64, 4, 64, 2, false, true, Lens::random});
   failures += run_attention_chain_case({"S=128 D=128 H=4 F=128 L=2 all S", 3, 128, 128, 4, 128, 2, true, false, Lens::full});
+  EXPECT_EQ(failures, 0);
+}
+
+TEST(CudaForward, AttentionModel) {
+  header();
+  int failures = 0;
+  const std::vector<Case> spec = spec_cases();
+  for (int id : {2, 4}) failures += run_attention_chain_case(spec[size_t(id - 1)], true);
+  failures += run_attention_chain_case({"S=48 D=128 H=4 F=128 L=3", 5, 48, 128, 4, 128, 3, true, true, Lens::edge}, true);
+  failures += run_attention_chain_case({"S=16 D=64 H=4 F=64 L=2", 9, 16, 64, 4, 64, 2, false, true, Lens::random}, true);
+  failures += run_attention_chain_case({"S=128 D=128 H=4 F=128 L=8 all S", 3, 128, 128, 4, 128, 8, true, false, Lens::full},
+                                       true);
+  failures += run_attention_chain_case({"S=112 D=64 H=4 F=64 L=2", 40, 112, 64, 4, 64, 2, false, true, Lens::random}, true);
   EXPECT_EQ(failures, 0);
 }
 

@@ -34,6 +34,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -1041,6 +1042,43 @@ QkvOutcome run_qkv_case(const QkvCase& c, uint64_t seed) {
   return out;
 }
 
+// Float64 attention of fp16 q | k | v rows ([B S, 3D], head h at columns h D / H of each part):
+// softmax(q k^T / sqrt(head_dim)) v over the keys < the sequence's length (and <= the row under
+// causal), rounded to fp16; rows at or past the length (len null: all S valid) get o = 0. Reads no
+// row at or past a length.
+std::vector<__half> reference_attention(const std::vector<__half>& qkv, int B, int S, int D, int H, bool causal,
+                                        const std::vector<int32_t>* len) {
+  const int N = 3 * D, hd = D / H;
+  const double scale = 1.0 / std::sqrt(double(hd));
+  std::vector<__half> o(size_t(B) * S * D, __float2half(0.f));
+  for (int b = 0; b < B; ++b) {
+    const int L = len ? (*len)[size_t(b)] : S;
+    for (int s = 0; s < L; ++s) {
+      const size_t qr = size_t(b) * S + size_t(s);
+      const int kend = causal ? s + 1 : L;
+      for (int h = 0; h < H; ++h) {
+        std::vector<double> sc(static_cast<size_t>(kend));
+        double mx = -INFINITY;
+        for (int j = 0; j < kend; ++j) {
+          const size_t kr = size_t(b) * S + size_t(j);
+          double d = 0;
+          for (int e = 0; e < hd; ++e) d += h2d(qkv[qr * N + size_t(h * hd + e)]) * h2d(qkv[kr * N + size_t(D + h * hd + e)]);
+          sc[size_t(j)] = d * scale;
+          mx = std::max(mx, sc[size_t(j)]);
+        }
+        double sum = 0;
+        for (auto& v : sc) sum += (v = std::exp(v - mx));
+        for (int e = 0; e < hd; ++e) {
+          double acc = 0;
+          for (int j = 0; j < kend; ++j) acc += sc[size_t(j)] * h2d(qkv[(size_t(b) * S + size_t(j)) * N + size_t(2 * D + h * hd + e)]);
+          o[qr * D + size_t(h * hd + e)] = __double2half(acc / sum);
+        }
+      }
+    }
+  }
+  return o;
+}
+
 // ---- the chain with the layer's attention in front (PostAttnParams::qkv_in) -------------------------
 struct AttnCase {
   int B = 1, S = 128, D = 128;
@@ -1122,32 +1160,7 @@ AttnOutcome run_attn_case(const AttnCase& c, uint64_t seed) {
   }
   // Reference o (fp16-rounded).
   const double scale = 1.0 / std::sqrt(double(hd));
-  std::vector<__half> o(size_t(rows) * D, __float2half(0.f));
-  for (int b = 0; b < c.B; ++b) {
-    const int L = c.lens == Lens::none ? c.S : len[size_t(b)];
-    for (int s = 0; s < L; ++s) {
-      const size_t qr = size_t(b) * c.S + size_t(s);
-      const int kend = c.causal ? s + 1 : L;
-      for (int h = 0; h < H; ++h) {
-        std::vector<double> sc(static_cast<size_t>(kend));
-        double mx = -INFINITY;
-        for (int j = 0; j < kend; ++j) {
-          const size_t kr = size_t(b) * c.S + size_t(j);
-          double d = 0;
-          for (int e = 0; e < hd; ++e) d += h2d(qkv[qr * N + size_t(h * hd + e)]) * h2d(qkv[kr * N + size_t(D + h * hd + e)]);
-          sc[size_t(j)] = d * scale;
-          mx = std::max(mx, sc[size_t(j)]);
-        }
-        double sum = 0;
-        for (auto& v : sc) sum += (v = std::exp(v - mx));
-        for (int e = 0; e < hd; ++e) {
-          double acc = 0;
-          for (int j = 0; j < kend; ++j) acc += sc[size_t(j)] * h2d(qkv[(size_t(b) * c.S + size_t(j)) * N + size_t(2 * D + h * hd + e)]);
-          o[qr * D + size_t(h * hd + e)] = __double2half(acc / sum);
-        }
-      }
-    }
-  }
+  const std::vector<__half> o = reference_attention(qkv, c.B, c.S, D, H, c.causal, c.lens == Lens::none ? nullptr : &len);
   const bool tail = c.out == AttnCase::Out::tail, with_qkv = c.out == AttnCase::Out::qkv || c.out == AttnCase::Out::qkv_inplace;
   Dev<__half> d_qkv(qkv.size()), d_wq(wq.size()), d_bq(bq.size()), d_h(size_t(alloc) * D), d_qo(size_t(alloc) * N);
   Dev<__half> d_wf(wf.size()), d_bf(bfr.size());
@@ -1333,6 +1346,318 @@ int attention_chain_checks(int& n) {
   return failures;
 }
 
+// ---- the whole forward in one kernel (post_attn_model) --------------------------------------------
+struct ModelCase {
+  int B = 1, S = 128, D = 128, L = 4;
+  bool causal = true;
+  Lens lens = Lens::random;
+  bool in_place = false;  // y over the input x
+  bool graph = false;
+};
+
+struct ModelOutcome {
+  long bad = 0, unwritten = 0, pad_nonzero = 0, guard = 0;
+  double ratio = 0;
+  std::string error;
+  bool ok() const { return error.empty() && bad == 0 && unwritten == 0 && pad_nonzero == 0 && guard == 0; }
+};
+
+// fp16(h Wqkv^T + bqkv) of one row, h already rounded to fp16 as the kernels hold it.
+void reference_qkv_row(const std::vector<double>& h, const std::vector<__half>& w, const std::vector<__half>& b, int D,
+                       __half* out) {
+  for (int n = 0; n < 3 * D; ++n) {
+    double a = h2d(b[size_t(n)]);
+    for (int k = 0; k < D; ++k) a += round_f16(h[size_t(k)]) * h2d(w[size_t(n) * D + size_t(k)]);
+    out[n] = __double2half(a);
+  }
+}
+
+// L layers of random weights (layer l's chain weights, its ln_next = layer l + 1's ln1 or the final
+// norm, Wqkv of every layer, layer 0's ln1) through post_attn_model, y against a float64 forward
+// that rounds where the kernels round (fp16 h before every product, fp16 q | k | v and o, fp32
+// residual between layers): y within max(2e-3, 0.02 |ref|), padded rows exactly 0, 16 guard rows
+// of y and the q | k | v buffer untouched (the in-place case: of x). y and q | k | v start poisoned.
+ModelOutcome run_model_case(const ModelCase& c, uint64_t seed) {
+  ModelOutcome out;
+  std::mt19937_64 rng(seed);
+  const int D = c.D, F = c.D, N = 3 * D, H = 4, L = c.L;
+  const int64_t rows = int64_t(c.B) * c.S, alloc = rows + kGuardRows;
+  std::vector<Model> models;
+  std::vector<std::vector<__half>> wq(static_cast<size_t>(L)), bq(static_cast<size_t>(L));
+  for (int l = 0; l < L; ++l) {
+    models.push_back(make_model(D, F, rng));
+    make_qkv_weights(D, rng, wq[size_t(l)], bq[size_t(l)]);
+  }
+  std::vector<float> lfw(static_cast<size_t>(D)), lfb(static_cast<size_t>(D));
+  for (auto& v : lfw) v = float(std::uniform_real_distribution<double>(0.5, 1.5)(rng));
+  for (auto& v : lfb) v = float(std::uniform_real_distribution<double>(-0.3, 0.3)(rng));
+  std::vector<int32_t> len(static_cast<size_t>(c.B), c.S);
+  for (int b = 0; b < c.B; ++b) {
+    if (c.lens == Lens::random) len[size_t(b)] = std::uniform_int_distribution<int>(1, c.S)(rng);
+    if (c.lens == Lens::edge) len[size_t(b)] = b % 3 == 0 ? 0 : (b % 3 == 1 ? 1 : c.S);
+  }
+  const std::vector<int32_t>* lens = c.lens == Lens::none ? nullptr : &len;
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::vector<float> x(size_t(alloc) * D);
+  for (int64_t r = 0; r < alloc; ++r)
+    for (int k = 0; k < D; ++k) x[size_t(r) * D + size_t(k)] = r < rows ? float(nd(rng)) : std::nanf("");
+
+  // Reference.
+  std::vector<float> xr(x.begin(), x.begin() + rows * D);
+  std::vector<__half> qkv(size_t(rows) * N);
+  std::vector<double> y_ref(size_t(rows) * D, 0.0), row(static_cast<size_t>(D)), h, rx, rln;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int k = 0; k < D; ++k) row[size_t(k)] = double(xr[size_t(r) * D + size_t(k)]);
+    layer_norm(row, lfw.data(), lfb.data(), 1e-5, h);
+    reference_qkv_row(h, wq[0], bq[0], D, &qkv[size_t(r) * N]);
+  }
+  for (int l = 0; l < L; ++l) {
+    const std::vector<__half> o = reference_attention(qkv, c.B, c.S, D, H, c.causal, lens);
+    for (int64_t r = 0; r < rows; ++r) {
+      reference_row(models[size_t(l)], &o[size_t(r) * D], &xr[size_t(r) * D], 1e-5, rx, rln);
+      for (int k = 0; k < D; ++k) xr[size_t(r) * D + size_t(k)] = float(rx[size_t(k)]);
+      if (l + 1 < L) {
+        reference_qkv_row(rln, wq[size_t(l + 1)], bq[size_t(l + 1)], D, &qkv[size_t(r) * N]);
+      } else {
+        const bool valid = !lens || r % c.S < len[size_t(r / c.S)];
+        for (int k = 0; k < D; ++k) y_ref[size_t(r) * D + size_t(k)] = valid ? rln[size_t(k)] : 0.0;
+      }
+    }
+  }
+
+  // Device.
+  std::vector<std::unique_ptr<DevModel>> dms;
+  std::vector<std::unique_ptr<Dev<__half>>> dwq, dbq;
+  for (int l = 0; l < L; ++l) {
+    dms.push_back(std::make_unique<DevModel>(models[size_t(l)]));
+    dwq.push_back(std::make_unique<Dev<__half>>(wq[size_t(l)].size()));
+    dbq.push_back(std::make_unique<Dev<__half>>(bq[size_t(l)].size()));
+    dwq.back()->up(wq[size_t(l)]);
+    dbq.back()->up(bq[size_t(l)]);
+  }
+  Dev<float> d_x(x.size()), d_y(x.size()), d_xo(x.size()), d_lfw(lfw.size()), d_lfb(lfb.size());
+  Dev<__half> d_qkv(size_t(alloc) * N);
+  Dev<int32_t> d_len(len.size());
+  d_x.up(x);
+  d_y.poison();
+  d_xo.poison();
+  d_qkv.poison();
+  d_lfw.up(lfw);
+  d_lfb.up(lfb);
+  d_len.up(len);
+  hk::cuda::PostAttnModelParams mp;
+  mp.L = L;
+  for (int l = 0; l < L; ++l) {
+    PostAttnParams& p = mp.layer[l];
+    p = dms[size_t(l)]->params(models[size_t(l)]);
+    p.x_in = d_x.p;
+    p.x_out = d_xo.p;
+    p.qkv_in = d_qkv.p;
+    p.H = H;
+    p.causal = c.causal;
+    p.attn_scale = float(1.0 / std::sqrt(double(D / H)));
+    p.S = c.S;
+    p.lengths = lens ? d_len.p : nullptr;
+    p.rows = rows;
+    if (l == 0) {
+      p.qkv_front = d_qkv.p;
+      p.w_qkv_front = dwq[0]->p;
+      p.b_qkv_front = dbq[0]->p;
+      p.ln_front_w = d_lfw.p;
+      p.ln_front_b = d_lfb.p;
+    }
+    if (l + 1 < L) {
+      p.w_qkv = dwq[size_t(l + 1)]->p;
+      p.b_qkv = dbq[size_t(l + 1)]->p;
+      p.qkv_out = d_qkv.p;
+    } else {
+      p.tail = true;
+      p.y = c.in_place ? d_x.p : d_y.p;
+    }
+  }
+  try {
+    cudaStream_t st;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    if (c.graph) {
+      cudaGraph_t g;
+      cudaGraphExec_t ge;
+      CHECK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      hk::cuda::post_attn_model(mp, st);
+      CHECK_CUDA(cudaStreamEndCapture(st, &g));
+      CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
+      CHECK_CUDA(cudaGraphLaunch(ge, st));
+      CHECK_CUDA(cudaStreamSynchronize(st));
+      CHECK_CUDA(cudaGraphExecDestroy(ge));
+      CHECK_CUDA(cudaGraphDestroy(g));
+    } else {
+      hk::cuda::post_attn_model(mp, st);
+    }
+    CHECK_CUDA(cudaStreamSynchronize(st));
+    CHECK_CUDA(cudaStreamDestroy(st));
+  } catch (const std::exception& e) {
+    out.error = e.what();
+    return out;
+  }
+  CHECK_CUDA(cudaGetLastError());
+  const std::vector<float> y = c.in_place ? d_x.down() : d_y.down(), xo = d_xo.down();
+  const std::vector<__half> qo = d_qkv.down();
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool valid = !lens || r % c.S < len[size_t(r / c.S)];
+    for (int k = 0; k < D; ++k) {
+      const size_t i = size_t(r) * D + size_t(k);
+      const double ref = y_ref[i], tol = std::max(2e-3, 0.02 * std::fabs(ref)), e = std::fabs(double(y[i]) - ref);
+      if (poison_f32(y[i])) ++out.unwritten;
+      else if (!valid) out.pad_nonzero += y[i] != 0.f;
+      else if (!(e <= tol)) ++out.bad;
+      if (valid) out.ratio = std::max(out.ratio, std::isfinite(e) ? e / tol : 1e30);
+      out.guard += !poison_f32(xo[i]);  // x_out is never written
+    }
+    for (int n = 0; n < N; ++n) out.unwritten += poison_f16(qo[size_t(r) * N + size_t(n)]) ? 1 : 0;
+  }
+  for (int64_t r = rows; r < alloc; ++r) {
+    for (int k = 0; k < D; ++k) {
+      const size_t i = size_t(r) * D + size_t(k);
+      out.guard += c.in_place ? !std::isnan(y[i]) : !poison_f32(y[i]);
+      out.guard += !poison_f32(xo[i]);
+    }
+    for (int n = 0; n < N; ++n) out.guard += !poison_f16(qo[size_t(r) * N + size_t(n)]);
+  }
+  return out;
+}
+
+// The whole-model kernel: D = 128 / 64, S 16-128, L 2-4 (and 8, the limit), one sequence and many
+// (the grid's loop over sequences), causal or not, lengths null / random / 0-1-S, in place, graph
+// capture; and the launch-time checks of the layer structure.
+int model_checks(int& n) {
+  int failures = 0;
+  const bool have = hk::cuda::post_attn_model_supports(128, 128, 4, 128, 4) &&
+                    hk::cuda::post_attn_model_supports(64, 64, 4, 64, 2);
+  int major = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  const bool refused = !hk::cuda::post_attn_model_supports(128, 128, 4, 128, 1) &&
+                       !hk::cuda::post_attn_model_supports(128, 128, 4, 128, hk::cuda::kPostAttnModelMaxLayers + 1) &&
+                       !hk::cuda::post_attn_model_supports(128, 128, 8, 128, 4) &&
+                       !hk::cuda::post_attn_model_supports(128, 128, 4, 40, 4);
+  const bool ok = refused && (have || major < 9);
+  std::printf("%-4d whole model: supported at D=128/H=4, D=64/H=4 on cc >= 9, refused for L=1, L=%d, H=8, S=40: %s\n", n,
+              hk::cuda::kPostAttnModelMaxLayers + 1, ok ? "PASS" : "FAIL");
+  failures += ok ? 0 : 1;
+  ++n;
+  if (!have) return failures;
+  const ModelCase cases[] = {
+      {1, 128, 128, 4, true, Lens::random, false, false},
+      {1, 128, 128, 4, true, Lens::none, false, true},
+      {3, 128, 128, 3, false, Lens::edge, false, false},
+      {3, 128, 128, 2, true, Lens::edge, true, false},
+      {40, 128, 128, 4, true, Lens::random, false, false},
+      {5, 32, 128, 4, false, Lens::random, true, true},
+      {300, 16, 128, 2, true, Lens::random, false, false},
+      {1, 128, 128, hk::cuda::kPostAttnModelMaxLayers, true, Lens::random, false, false},
+      {7, 48, 64, 4, true, Lens::random, false, false},
+      {7, 48, 64, 3, false, Lens::edge, true, false},
+      {33, 112, 64, 2, true, Lens::random, false, true},
+      {2, 64, 64, 4, true, Lens::none, false, false},
+  };
+  for (const ModelCase& c : cases) {
+    const ModelOutcome r = run_model_case(c, 12000 + uint64_t(n));
+    std::printf("%-4d whole model D=%-3d B=%-3d S=%-3d L=%d causal=%d lens=%-5s in_place=%d graph=%d  y ratio %.3f  bad %ld "
+                "unwritten %ld pad %ld guard %ld %s: %s\n",
+                n, c.D, c.B, c.S, c.L, int(c.causal), lens_name(c.lens), int(c.in_place), int(c.graph), r.ratio, r.bad,
+                r.unwritten, r.pad_nonzero, r.guard, r.error.c_str(), r.ok() ? "PASS" : "FAIL");
+    failures += r.ok() ? 0 : 1;
+    ++n;
+  }
+  // Inconsistent layer structures are refused before launch: L = 1; a middle layer with the front
+  // or as the tail; a last layer writing q | k | v; layer 1 with another S.
+  {
+    Dev<float> dx(size_t(128) * 128), dy(size_t(128) * 128);
+    Dev<__half> dq(size_t(128) * 384);
+    dx.up(std::vector<float>(dx.n, 0.5f));
+    dq.poison();
+    std::mt19937_64 rng(77);
+    const Model m = make_model(128, 128, rng);
+    const DevModel dm(m);
+    std::vector<__half> w, b;
+    make_qkv_weights(128, rng, w, b);
+    Dev<__half> dw(w.size()), db(b.size());
+    dw.up(w);
+    db.up(b);
+    auto good = [&] {
+      hk::cuda::PostAttnModelParams mp;
+      mp.L = 2;
+      for (int l = 0; l < 2; ++l) {
+        PostAttnParams& p = mp.layer[l];
+        p = dm.params(m);
+        p.x_in = dx.p;
+        p.x_out = dy.p;
+        p.qkv_in = dq.p;
+        p.H = 4;
+        p.attn_scale = 0.17f;
+        p.S = 128;
+        p.rows = 128;
+      }
+      PostAttnParams& a = mp.layer[0];
+      a.qkv_front = dq.p;
+      a.w_qkv_front = dw.p;
+      a.b_qkv_front = db.p;
+      a.ln_front_w = dm.ln2_w.p;
+      a.ln_front_b = dm.ln2_b.p;
+      a.w_qkv = dw.p;
+      a.b_qkv = db.p;
+      a.qkv_out = dq.p;
+      mp.layer[1].tail = true;
+      mp.layer[1].y = dy.p;
+      return mp;
+    };
+    struct Bad {
+      const char* what;
+      void (*edit)(hk::cuda::PostAttnModelParams&);
+    };
+    const Bad bad[] = {
+        {"L = 1", [](hk::cuda::PostAttnModelParams& p) { p.L = 1; }},
+        {"no front in layer 0", [](hk::cuda::PostAttnModelParams& p) { p.layer[0].w_qkv_front = nullptr; }},
+        {"front in layer 1", [](hk::cuda::PostAttnModelParams& p) {
+           p.layer[1].w_qkv_front = p.layer[0].w_qkv_front;
+         }},
+        {"layer 0 as the tail", [](hk::cuda::PostAttnModelParams& p) { p.layer[0].tail = true; p.layer[0].y = p.layer[1].y; }},
+        {"qkv_out elsewhere", [](hk::cuda::PostAttnModelParams& p) {
+           p.layer[0].qkv_out = const_cast<__half*>(p.layer[0].qkv_in) + 8;
+         }},
+        {"layer 1 with another S", [](hk::cuda::PostAttnModelParams& p) { p.layer[1].S = 64; }},
+    };
+    cudaStream_t st;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    const hk::cuda::PostAttnModelParams base = good();
+    bool base_ok = true;
+    try {
+      hk::cuda::post_attn_model(base, st);
+      CHECK_CUDA(cudaStreamSynchronize(st));
+    } catch (const std::exception& e) {
+      base_ok = false;
+      std::printf("     the consistent structure threw: %s\n", e.what());
+    }
+    int refused_n = 0;
+    for (const Bad& b : bad) {
+      hk::cuda::PostAttnModelParams p = base;
+      b.edit(p);
+      try {
+        hk::cuda::post_attn_model(p, st);
+        std::printf("     %s: launched\n", b.what);
+      } catch (const std::invalid_argument& e) {
+        ++refused_n;
+      }
+    }
+    CHECK_CUDA(cudaStreamSynchronize(st));
+    CHECK_CUDA(cudaStreamDestroy(st));
+    const bool pass = base_ok && refused_n == int(sizeof(bad) / sizeof(bad[0]));
+    std::printf("%-4d whole model: the consistent 2-layer structure launches, %d of %zu inconsistent ones refused: %s\n",
+                n, refused_n, sizeof(bad) / sizeof(bad[0]), pass ? "PASS" : "FAIL");
+    failures += pass ? 0 : 1;
+    ++n;
+  }
+  return failures;
+}
+
 int main() {
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -1347,7 +1672,7 @@ int main() {
   // HK_TEST_ATTENTION_ONLY=1 (e.g. under compute-sanitizer): the attention-chain checks alone.
   if (const char* only = std::getenv("HK_TEST_ATTENTION_ONLY"); only && *only && *only != '0') {
     int n = 0;
-    const int failures = attention_chain_checks(n);
+    const int failures = attention_chain_checks(n) + model_checks(n);
     std::printf("\n%d checks, %d failed\n", n, failures);
     return failures == 0 ? 0 : 1;
   }
@@ -1773,6 +2098,7 @@ int main() {
     }
   }
   failures += attention_chain_checks(n);
+  failures += model_checks(n);
   // qkv_out is refused outside the width-8 column-split kernel, in the tail and without Wqkv.
   {
     const int D = 128;
