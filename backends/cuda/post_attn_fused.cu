@@ -862,6 +862,35 @@ __device__ __forceinline__ void load_b_frags(uint32_t (&b)[NT][KS][2], const __h
   }
 }
 
+// load_b_frags from a [N, K] shared-memory matrix (stride SB halves) through ldmatrix: b_addr is
+// the warp's first row with the lane's ldmatrix row / column offset, as mma_cols takes it (odd NT:
+// the last tile through ldmatrix .x2, as there).
+template <int NT, int KS, int SB>
+__device__ __forceinline__ void ldsm_b_frags(uint32_t (&b)[NT][KS][2], uint32_t b_addr) {
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks) {
+#pragma unroll
+    for (int pp = 0; pp < NT / 2; ++pp) {
+      uint32_t r[4];
+      ldsm_x4(r, b_addr + uint32_t(pp * 16 * SB * 2 + ks * 32));
+      b[2 * pp][ks][0] = r[0];
+      b[2 * pp][ks][1] = r[1];
+      b[2 * pp + 1][ks][0] = r[2];
+      b[2 * pp + 1][ks][1] = r[3];
+    }
+    if constexpr (NT % 2 == 1) ldsm_x2(b[NT - 1][ks][0], b[NT - 1][ks][1], b_addr + uint32_t((NT - 1) * 8 * SB * 2 + ks * 32));
+  }
+}
+
+// The attention chains' key / value region in bytes (after the group tiles): [S][D + 8] keys and
+// values; the whole-model kernel also stages the next layer's W_o | W_in there ([D][D + 8] and
+// [F][D + 8]), and its W_out ([D][F + 8]) in a region of its own after it (model_stage_bytes).
+__host__ __device__ constexpr size_t attn_kv_bytes(int DP, int FP, int S, bool model) {
+  const size_t kv = 2 * size_t(S) * size_t(DP + 8) * 2, w = model ? (size_t(DP) + size_t(FP)) * size_t(DP + 8) * 2 : 0;
+  return ((kv > w ? kv : w) + 127) / 128 * 128;
+}
+__host__ __device__ constexpr size_t model_stage_bytes(int DP, int FP) { return (size_t(DP) * size_t(FP + 8) * 2 + 127) / 128 * 128; }
+
 // LayerNorm statistics of rows g and g+8 over the group's W warps: each warp's mean and centred
 // sum of squares over its 8 NT columns (quad reductions), published in `stats` ([W][16] float2),
 // one group barrier, then combined (mean = mean of the warp means, M2 = sum of the warp M2 +
@@ -935,6 +964,13 @@ __device__ __forceinline__ void split_stats(const float (&acc)[NT][4], float2* s
 // visible) before the attention's staging reads them. Wqkv (the next layer's) then replaces
 // Wqkv_front in shared memory during the attention, and Wqkv_front returns at the end of a block
 // that has a successor.
+// kModel (with kFront; PostAttnModelParams): the whole forward, each block's L layers as L passes
+// of the loop on the same CTAs: the front in layer 0 only, the residual kept in acc between passes
+// (x_out not written), one cluster barrier after each pass's q | k | v stores, the last layer the
+// tail. The weights a pass keeps in registers come from shared memory (cp.async, then ldmatrix):
+// per-thread global loads of the fragments, hidden behind the predecessor by programmatic launch in
+// the per-layer kernels, would take the load pipe for microseconds per layer here. The bias and
+// LayerNorm vectors are reloaded at the start of every pass after the first.
 template <int DP, int FP, int W, bool kRegW, bool kQkv, int kHD, bool kFront = false, bool kModel = false>
 __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const PostAttnModelParams* mp = nullptr) {
   constexpr bool kAttn = kHD > 0;
@@ -996,6 +1032,10 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
   // kAttn: keys and values of the cluster's sequence, [S][SA] each, after the (one) group's tiles.
   const uint32_t s_k = smem_u32(smem) + uint32_t(T::kVecBytes + T::kWeightBytes + T::kGroupBytes);
   const uint32_t s_v = s_k + uint32_t(p.S * SA) * 2u;
+  // kModel: the next pass's W_o | W_in over the key / value region (free from the attention's end to
+  // the next staging), its W_out after that region; ldmatrix'ed into the register fragments.
+  const uint32_t s_next_wo = s_k, s_next_wi = s_k + uint32_t(DP * SA) * 2u;
+  const uint32_t s_next_wf = s_k + uint32_t(attn_kv_bytes(DP, FP, p.S, kModel));
 
   // kRegW: this warp's weight columns as B fragments (empty arrays otherwise).
   uint32_t rwo[kRegW ? NTW : 1][kRegW ? DP / 16 : 1][2];
@@ -1044,6 +1084,9 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
   const uint32_t b_wi = s_wi + uint32_t((w * FW + b_row) * SA) * 2u + b_col;
   const uint32_t b_wf = s_wf + uint32_t((w * CW + b_row) * SF) * 2u + b_col;
   const uint32_t b_wq = s_wq + uint32_t((w * QW + b_row) * SA) * 2u + b_col;
+  const uint32_t l_wo = s_next_wo + uint32_t((w * CW + b_row) * SA) * 2u + b_col;
+  const uint32_t l_wi = s_next_wi + uint32_t((w * FW + b_row) * SA) * 2u + b_col;
+  const uint32_t l_wf = s_next_wf + uint32_t((w * CW + b_row) * SF) * 2u + b_col;
 
   // acc[NT][4] += bias (a [DP] / [FP] fp32 smem vector) at the warp's columns from col0.
   auto add_bias = [&](auto& acc, const float* bias, int col0) {
@@ -1070,10 +1113,14 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
 #pragma unroll 1
   for (bool first = true; blk < nblk; first = false) {
     const PostAttnParams& p = kModel ? mp->layer[layer] : p0;
-    // kModel: the block after this pass (the same block's next layer, or the next block's layer
-    // 0) and whether there is one; its register weights are fetched once this pass is done with them.
+    // kModel: the pass after this one (the same block's next layer, or the next block's layer 0)
+    // and whether there is one. Its W_out is staged from the start of this pass and its W_o | W_in
+    // from the end of the attention (cp.async groups: staging, Wqkv, W_out, then W_o | W_in, then
+    // the chain's own (empty) group before ffn_out); W_out goes into the fragments after ffn_out,
+    // W_o | W_in after the last group barrier (kQkv) or one of their own (the tail).
     const int next_layer = kModel && layer + 1 < (kModel ? mp->L : 1) ? layer + 1 : 0;
     const bool has_next = kModel && (next_layer > 0 || blk + stride < nblk);
+    const PostAttnParams& pn = kModel ? mp->layer[next_layer] : p0;
     const int64_t row0 = blk * kWarpRows;
     const int64_t r0 = row0 + g, r1 = row0 + g + 8;
     if (!kModel || layer == 0) {
@@ -1160,8 +1207,14 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
         const __half* wq = !kModel || p.qkv_out ? p.w_qkv : (has_next ? mp->layer[0].w_qkv_front : nullptr);
         if (wq) copy_panel<3 * DP, DP, SA>(s_wq, wq, D, 3 * D, D, tid, int(blockDim.x));
         cp_async_commit();
-        if (kModel && !first) load_vectors(p);  // the previous pass's reads ended at a barrier since
-        cp_async_wait<1>();
+        if constexpr (kModel) {
+          if (has_next) copy_panel<DP, FP, SF>(s_next_wf, pn.w_out, FP, D, FP, tid, int(blockDim.x));
+          cp_async_commit();
+          if (!first) load_vectors(p);  // the previous pass's reads ended at a barrier since
+          cp_async_wait<2>();
+        } else {
+          cp_async_wait<1>();
+        }
       } else {
         cp_async_wait_all();
       }
@@ -1189,6 +1242,13 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
         }
       }
       group_sync(bar, kGroupThreads);  // o complete
+      if constexpr (kModel) {  // the keys and values are read: the next W_o | W_in over them
+        if (has_next) {
+          copy_panel<DP, DP, SA>(s_next_wo, pn.w_o, D, D, D, tid, int(blockDim.x));
+          copy_panel<FP, DP, SA>(s_next_wi, pn.w_in, D, FP, D, tid, int(blockDim.x));
+        }
+        cp_async_commit();
+      }
     } else if (!first) {
       cp_async_wait_all();
       group_sync(bar, kGroupThreads);  // this block's o tile (issued during the last block) visible
@@ -1200,9 +1260,6 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
       mma_cols<NTW, DP / 16, SA>(acc, tile + a_lane, b_wo);
     }
     add_bias(acc, v_bo, w * CW);
-    if constexpr (kModel) {
-      if (has_next) load_b_frags<NTW, DP / 16>(rwo, mp->layer[next_layer].w_o, w * CW, DP, g, t);
-    }
     // ln2 -> h over the o tile (the stats barrier also ends every warp's reads of o)
     {
       float mean[2], rstd[2];
@@ -1231,9 +1288,6 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
         mma_cols<NTF, DP / 16, SA>(fa, tile + a_lane, b_wi);
       }
       add_bias(fa, v_bin, w * FW);
-      if constexpr (kModel) {
-        if (has_next) load_b_frags<NTF, DP / 16>(rwi, mp->layer[next_layer].w_in, w * FW, DP, g, t);
-      }
 #pragma unroll
       for (int j = 0; j < NTF; ++j) {
         const int col = w * FW + 8 * j + 2 * t;
@@ -1253,11 +1307,12 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
       mma_cols<NTW, FP / 16, SF>(acc, ftile + af_lane, b_wf);
     }
     add_bias(acc, v_bout, w * CW);
-    if constexpr (kModel) {
-      if (has_next) load_b_frags<NTW, FP / 16>(rwf, mp->layer[next_layer].w_out, w * CW, FP, g, t);
-    }
+    if constexpr (kModel) cp_async_wait<2>();  // the next W_out (W_o | W_in and the chain's group may pend)
     float mean[2], rstd[2];
     split_stats<NTW, W>(acc, stats2, w, g, t, bar, kGroupThreads, D, p.eps, mean, rstd);
+    if constexpr (kModel) {  // every warp is past ffn_out and the next W_out landed: into the fragments
+      if (has_next) ldsm_b_frags<NTW, FP / 16, SF>(rwf, l_wf);
+    }
     if (kQkv && (!kModel || p.qkv_out)) {
       // x_out (kModel: not stored, the residual stays in acc), the next h into the f tile (and h_out when given), then qkv = fp16(h Wqkv^T + bqkv).
 #pragma unroll
@@ -1297,8 +1352,13 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
       // The f tile is next written after this block's reads by every warp: the next block's
       // first group barrier comes first.
       if constexpr (kModel) {
-        // Every CTA's next q | k | v rows are written and visible before the next pass stages
-        // them (and this CTA's reads of shared memory are done before it is refilled).
+        // The next W_o | W_in (landed before the last group barrier) into the fragments, then
+        // every CTA's next q | k | v rows are written and visible before the next pass stages them
+        // (and this CTA's reads of the key / value region are done before it is refilled).
+        if (has_next) {
+          ldsm_b_frags<NTW, DP / 16, SA>(rwo, l_wo);
+          ldsm_b_frags<NTF, DP / 16, SA>(rwi, l_wi);
+        }
         cluster_sync();
       } else if constexpr (kFront) {
         if (blk + stride < nblk) {  // Wqkv_front back for the next block's front
@@ -1344,6 +1404,12 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
       }
     }
     if constexpr (kModel) {
+      if (p.tail && has_next) {  // the next block's layer-0 W_o | W_in
+        cp_async_wait_all();
+        group_sync(bar, kGroupThreads);
+        ldsm_b_frags<NTW, DP / 16, SA>(rwo, l_wo);
+        ldsm_b_frags<NTF, DP / 16, SA>(rwi, l_wi);
+      }
       layer = next_layer;
       if (layer == 0) blk += stride;
     } else {
@@ -1732,7 +1798,11 @@ __global__ void __launch_bounds__(8 * 32, 1) post_attn_model_kernel(const __grid
 
 template <int DP, bool kQkv>
 size_t attn_smem_bytes(int S) {
-  return split_smem_bytes<DP, DP, 8, true, kQkv>(1) + round_up(2 * size_t(S) * size_t(DP + 8) * 2, 128);
+  return split_smem_bytes<DP, DP, 8, true, kQkv>(1) + attn_kv_bytes(DP, DP, S, false);
+}
+template <int DP>
+size_t model_smem_bytes(int S) {
+  return split_smem_bytes<DP, DP, 8, true, true>(1) + attn_kv_bytes(DP, DP, S, true) + model_stage_bytes(DP, DP);
 }
 
 template <int DP, bool kQkv, bool kFront = false>
@@ -1987,7 +2057,8 @@ const char* post_attn_attention_name(int D, int F, int H, bool qkv, bool front) 
 }
 
 bool post_attn_model_supports(int D, int F, int H, int S, int L) {
-  return L >= 2 && L <= kPostAttnModelMaxLayers && post_attn_attention_supports(D, F, H, S);
+  if (L < 2 || L > kPostAttnModelMaxLayers || !post_attn_attention_supports(D, F, H, S)) return false;
+  return (D == 64 ? model_smem_bytes<64>(S) : model_smem_bytes<128>(S)) <= size_t(device_limits().smem_optin);
 }
 
 const char* post_attn_model_name(int D, int F, int H) {
@@ -2021,10 +2092,10 @@ void post_attn_model(const PostAttnModelParams& m, cudaStream_t stream) {
   if (p0.rows == 0) return;
   if (p0.D == 64) {
     raise_model_smem_limit<64>();
-    launch_attn_clusters(post_attn_model_kernel<64>, p0, attn_smem_bytes<64, true>(p0.S), stream, m);
+    launch_attn_clusters(post_attn_model_kernel<64>, p0, model_smem_bytes<64>(p0.S), stream, m);
   } else {
     raise_model_smem_limit<128>();
-    launch_attn_clusters(post_attn_model_kernel<128>, p0, attn_smem_bytes<128, true>(p0.S), stream, m);
+    launch_attn_clusters(post_attn_model_kernel<128>, p0, model_smem_bytes<128>(p0.S), stream, m);
   }
 }
 
