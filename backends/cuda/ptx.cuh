@@ -103,6 +103,16 @@ __device__ __forceinline__ void cluster_arrive() {
   __trap();
 #endif
 }
+// An arrive without release semantics: for a CTA whose only point is that its earlier reads
+// are complete (e.g. cp.async data already waited for), so that the others may then overwrite
+// what it read; it orders none of its memory accesses for them.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
 __device__ __forceinline__ void cluster_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
@@ -193,6 +203,15 @@ __device__ __forceinline__ void bulk_copy_to_cluster(uint32_t dst, uint32_t src,
   HK_SM90({
   asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "r"(src), "r"(bytes), "r"(bar)
+               : "memory");
+  });
+}
+// `bytes` (a multiple of 16; 16-byte aligned addresses) from global memory at src to this CTA's
+// shared memory at dst, completing them on this CTA's mbarrier at bar.
+__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  HK_SM90({
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
                : "memory");
   });
 }
