@@ -882,15 +882,6 @@ __device__ __forceinline__ void ldsm_b_frags(uint32_t (&b)[NT][KS][2], uint32_t 
   }
 }
 
-// Rows [0, NR) of a row-major global matrix (row stride ld halves, NCOL halves a row, 16-byte
-// aligned) into shared-memory rows of SS halves: one warp's bulk copies (the TMA engine), one row
-// per lane at a time, completing on the mbarrier at bar (armed by the caller for every byte).
-template <int NR, int NCOL, int SS>
-__device__ __forceinline__ void bulk_rows(uint32_t dst, const __half* src, int64_t ld, uint32_t bar, int lane) {
-  static_assert(NCOL % 8 == 0, "16-byte rows");
-  for (int r = lane; r < NR; r += 32) bulk_copy_g2s(dst + uint32_t(r * SS) * 2u, src + int64_t(r) * ld, NCOL * 2, bar);
-}
-
 // The attention chains' key / value region in bytes (after the group tiles): [S][D + 8] keys and
 // values; the whole-model kernel also stages the next layer's W_o | W_in there ([D][D + 8] and
 // [F][D + 8]), and its W_out ([D][F + 8]) in a region of its own after it (model_stage_bytes).
@@ -898,10 +889,7 @@ __host__ __device__ constexpr size_t attn_kv_bytes(int DP, int FP, int S, bool m
   const size_t kv = 2 * size_t(S) * size_t(DP + 8) * 2, w = model ? (size_t(DP) + size_t(FP)) * size_t(DP + 8) * 2 : 0;
   return ((kv > w ? kv : w) + 127) / 128 * 128;
 }
-// The whole-model kernel's W_out staging and, after it, its three mbarriers (128 bytes).
-__host__ __device__ constexpr size_t model_stage_bytes(int DP, int FP) {
-  return (size_t(DP) * size_t(FP + 8) * 2 + 127) / 128 * 128 + 128;
-}
+__host__ __device__ constexpr size_t model_stage_bytes(int DP, int FP) { return (size_t(DP) * size_t(FP + 8) * 2 + 127) / 128 * 128; }
 
 // LayerNorm statistics of rows g and g+8 over the group's W warps: each warp's mean and centred
 // sum of squares over its 8 NT columns (quad reductions), published in `stats` ([W][16] float2),
@@ -1030,7 +1018,7 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
       }
       if (tid < FP) vi = __half2float(q.b_in[tid]);
 #pragma unroll
-      for (int k = 0; k < NQ; ++k) vq[k] = kQkv && q.b_qkv && tid + k * NT < 3 * DP ? __half2float(q.b_qkv[tid + k * NT]) : 0.f;
+      for (int k = 0; k < NQ; ++k) vq[k] = q.b_qkv && tid + k * NT < 3 * DP ? __half2float(q.b_qkv[tid + k * NT]) : 0.f;
       if (tid < DP) {
         v_bo[tid] = vb[0];
         v_ln2w[tid] = vb[1];
@@ -1040,11 +1028,9 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
         v_lnb[tid] = vb[5];
       }
       if (tid < FP) v_bin[tid] = vi;
-      if constexpr (kQkv) {
 #pragma unroll
-        for (int k = 0; k < NQ; ++k)
-          if (q.b_qkv && tid + k * NT < 3 * DP) v_bq[tid + k * NT] = vq[k];
-      }
+      for (int k = 0; k < NQ; ++k)
+        if (q.b_qkv && tid + k * NT < 3 * DP) v_bq[tid + k * NT] = vq[k];
       return;
     }
     for (int i = tid; i < DP; i += int(blockDim.x)) {
@@ -1081,16 +1067,6 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
   // the next staging), its W_out after that region; ldmatrix'ed into the register fragments.
   const uint32_t s_next_wo = s_k, s_next_wi = s_k + uint32_t(DP * SA) * 2u;
   const uint32_t s_next_wf = s_k + uint32_t(attn_kv_bytes(DP, FP, p.S, kModel));
-  // kModel: the weights come by bulk copies from the last warp (idle in the attention while H < 2W),
-  // each panel completing on its mbarrier: Wqkv (mb_q), W_out (mb_f), W_o | W_in (mb_oi); every
-  // thread waits for each phase, `phases` holding their parities (bits 0, 1, 2).
-  const uint32_t mb_q = s_next_wf + uint32_t(model_stage_bytes(DP, FP)) - 128u, mb_f = mb_q + 8u, mb_oi = mb_q + 16u;
-  const bool copier = w == W - 1;
-  uint32_t phases = 0;
-  auto mbar_next = [&](uint32_t bar_addr, uint32_t bit) {
-    mbar_wait(bar_addr, (phases >> bit) & 1u);
-    phases ^= 1u << bit;
-  };
 
   // kRegW: this warp's weight columns as B fragments (empty arrays otherwise).
   uint32_t rwo[kRegW ? NTW : 1][kRegW ? DP / 16 : 1][2];
@@ -1105,22 +1081,7 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
     copy_panel<FP, DP, SA>(s_wi, p.w_in, D, FP, D, tid, int(blockDim.x));
     copy_panel<DP, FP, SF>(s_wf, p.w_out, FP, D, FP, tid, int(blockDim.x));
   }
-  if constexpr (kModel) {
-    if (tid == 0) {
-      mbar_init(mb_q, 1);
-      mbar_init(mb_f, 1);
-      mbar_init(mb_oi, 1);
-      fence_mbar_init_cluster();
-    }
-    __syncthreads();
-    if (copier) {
-      if (lane == 0) mbar_arrive_expect_tx(mb_q, uint32_t(3 * DP * DP * 2));
-      __syncwarp();
-      bulk_rows<3 * DP, DP, SA>(s_wq, p.w_qkv_front, D, mb_q, lane);
-    }
-  } else if constexpr (kQkv) {
-    copy_panel<3 * DP, DP, SA>(s_wq, kFront ? p.w_qkv_front : p.w_qkv, D, 3 * D, D, tid, int(blockDim.x));
-  }
+  if constexpr (kQkv) copy_panel<3 * DP, DP, SA>(s_wq, kFront ? p.w_qkv_front : p.w_qkv, D, 3 * D, D, tid, int(blockDim.x));
   pdl_launch_dependents();
   pdl_wait();  // launch_pdl: vectors and weights are staged before the previous kernel ends
 
@@ -1228,9 +1189,6 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
                       pack_half2(ln(acc[j][2], mean, rstd, 1, lw.x, lb.x), ln(acc[j][3], mean, rstd, 1, lw.y, lb.y)));
       }
       cp_async_wait_all();  // Wqkv_front (reloaded at the end of the previous block)
-      if constexpr (kModel) {
-        mbar_next(mb_q, 0u);
-      }
       group_sync(bar, kGroupThreads);  // h complete
       float qa[NTQ][4];
 #pragma unroll
@@ -1278,21 +1236,14 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
         // previous pass's closing cluster barrier; in the last layer, layer 0's Wqkv_front for the
         // next block), awaited before the QKV product (its group barrier) or the next front.
         const __half* wq = !kModel || p.qkv_out ? p.w_qkv : (has_next ? mp->layer[0].w_qkv_front : nullptr);
+        if (wq) copy_panel<3 * DP, DP, SA>(s_wq, wq, D, 3 * D, D, tid, int(blockDim.x));
+        cp_async_commit();
         if constexpr (kModel) {
-          if (copier) {
-            if (lane == 0) {
-              if (wq) mbar_arrive_expect_tx(mb_q, uint32_t(3 * DP * DP * 2));
-              if (has_next) mbar_arrive_expect_tx(mb_f, uint32_t(DP * FP * 2));
-            }
-            __syncwarp();
-            if (wq) bulk_rows<3 * DP, DP, SA>(s_wq, wq, D, mb_q, lane);
-            if (has_next) bulk_rows<DP, FP, SF>(s_next_wf, pn.w_out, FP, mb_f, lane);
-          }
-          if (!first) load_vectors(p);  // the previous pass's reads ended at a barrier since
-          cp_async_wait_all();
-        } else {
-          if (wq) copy_panel<3 * DP, DP, SA>(s_wq, wq, D, 3 * D, D, tid, int(blockDim.x));
+          if (has_next) copy_panel<DP, FP, SF>(s_next_wf, pn.w_out, FP, D, FP, tid, int(blockDim.x));
           cp_async_commit();
+          if (!first) load_vectors(p);  // the previous pass's reads ended at a barrier since
+          cp_async_wait<2>();
+        } else {
           cp_async_wait<1>();
         }
       } else {
@@ -1324,12 +1275,11 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
       }
       group_sync(bar, kGroupThreads);  // o complete
       if constexpr (kModel) {  // the keys and values are read: the next W_o | W_in over them
-        if (copier && has_next) {
-          if (lane == 0) mbar_arrive_expect_tx(mb_oi, uint32_t((DP + FP) * DP * 2));
-          __syncwarp();
-          bulk_rows<DP, DP, SA>(s_next_wo, pn.w_o, D, mb_oi, lane);
-          bulk_rows<FP, DP, SA>(s_next_wi, pn.w_in, D, mb_oi, lane);
+        if (has_next) {
+          copy_panel<DP, DP, SA>(s_next_wo, pn.w_o, D, D, D, tid, int(blockDim.x));
+          copy_panel<FP, DP, SA>(s_next_wi, pn.w_in, D, FP, D, tid, int(blockDim.x));
         }
+        cp_async_commit();
       }
     } else if (!first) {
       cp_async_wait_all();
@@ -1389,13 +1339,11 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
       mma_cols<NTW, FP / 16, SF>(acc, ftile + af_lane, b_wf);
     }
     add_bias(acc, v_bout, w * CW);
+    if constexpr (kModel) cp_async_wait<2>();  // the next W_out (W_o | W_in and the chain's group may pend)
     float mean[2], rstd[2];
     split_stats<NTW, W>(acc, stats2, w, g, t, bar, kGroupThreads, D, p.eps, mean, rstd);
-    if constexpr (kModel) {  // this warp is past ffn_out: the next W_out into the fragments once landed
-      if (has_next) {
-        mbar_next(mb_f, 1u);
-        ldsm_b_frags<NTW, FP / 16, SF>(rwf, l_wf);
-      }
+    if constexpr (kModel) {  // every warp is past ffn_out and the next W_out landed: into the fragments
+      if (has_next) ldsm_b_frags<NTW, FP / 16, SF>(rwf, l_wf);
     }
     if (kQkv && (!kModel || p.qkv_out)) {
       // x_out (kModel: not stored, the residual stays in acc), the next h into the f tile (and h_out when given), then qkv = fp16(h Wqkv^T + bqkv).
@@ -1419,11 +1367,7 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
           if (p.h_out) *reinterpret_cast<uint32_t*>(p.h_out + r1 * D + col) = h1;
         }
       }
-      if constexpr (kModel) {  // the next layer's Wqkv
-        mbar_next(mb_q, 0u);
-      } else if constexpr (kFront) {
-        cp_async_wait_all();  // the next layer's Wqkv, visible after the barrier
-      }
+      if constexpr (kFront) cp_async_wait_all();  // the next layer's Wqkv, visible after the barrier
       group_sync(bar, kGroupThreads);  // the next h complete
       if constexpr (kAttn) cluster_wait();  // every CTA of the sequence has its keys / values
       float qa[NTQ][4];
@@ -1440,11 +1384,10 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
       // The f tile is next written after this block's reads by every warp: the next block's
       // first group barrier comes first.
       if constexpr (kModel) {
-        // The next W_o | W_in into the fragments once landed, then every CTA's next q | k | v rows
-        // are written and visible before the next pass stages them (and this CTA's reads of the key
-        // / value region are done before it is refilled).
+        // The next W_o | W_in (landed before the last group barrier) into the fragments, then
+        // every CTA's next q | k | v rows are written and visible before the next pass stages them
+        // (and this CTA's reads of the key / value region are done before it is refilled).
         if (has_next) {
-          mbar_next(mb_oi, 2u);
           ldsm_b_frags<NTW, DP / 16, SA>(rwo, l_wo);
           ldsm_b_frags<NTF, DP / 16, SA>(rwi, l_wi);
         }
@@ -1493,9 +1436,9 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
       }
     }
     if constexpr (kModel) {
-      if (p.tail && has_next) {  // the next block's layer-0 W_o | W_in (the region is refilled after
-                                 // the next front's cluster barrier)
-        mbar_next(mb_oi, 2u);
+      if (p.tail && has_next) {  // the next block's layer-0 W_o | W_in
+        cp_async_wait_all();
+        group_sync(bar, kGroupThreads);
         ldsm_b_frags<NTW, DP / 16, SA>(rwo, l_wo);
         ldsm_b_frags<NTF, DP / 16, SA>(rwi, l_wi);
       }

@@ -206,15 +206,6 @@ __device__ __forceinline__ void bulk_copy_to_cluster(uint32_t dst, uint32_t src,
                : "memory");
   });
 }
-// `bytes` (a multiple of 16; 16-byte aligned addresses) from global memory at src to this CTA's
-// shared memory at dst, completing them on this CTA's mbarrier at bar.
-__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  HK_SM90({
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-  });
-}
 // This CTA's rank in its cluster (0 outside clusters; a trap before sm_90).
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r = 0;
