@@ -1258,70 +1258,13 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
         // that tile_attention's row lt * 16 + i is tile row i.
         const TileAttention ta = tile_attention<kHD>(tile - uint32_t(lt * kWarpRows * SA) * 2u, SA, s_k, s_v, SA, lt, lane);
         const int pad0 = max(0, len - lt * kWarpRows);  // first tile row past the length
-        auto zero_padded_rows = [&](int hh) {  // o rows past the length: 0 (the flash route's dense o)
+        for (int hh = w; hh < p.H; hh += W) {
+          tile_attention_head<kHD>(ta, hh, lt, len, p.causal, sl2, lane);
           __syncwarp();
           constexpr int kPairs = kHD / 2;
           for (int i = lane; i < (kWarpRows - pad0) * kPairs; i += 32) {
             const int r = pad0 + i / kPairs, c = hh * kHD + 2 * (i % kPairs);
             st_shared_u32(tile + uint32_t(r * SA + c) * 2u, 0u);
-          }
-        };
-        // Two warps per head while the heads leave half the warps idle: warp w + H takes the upper
-        // half of head w's key tiles and leaves its partial (o / l in fp16, row max and row sum in
-        // fp32) in the f tile and statistics region (free here), which warp w merges into its own.
-        constexpr int kScratchHead = kWarpRows * kHD * 2 + 2 * kWarpRows * 4;  // bytes per head
-        constexpr int kScratch = 2 * kWarpRows * SF + 2 * int(T::kStatBytes);
-        // (Not in the per-layer kernel with ln1 + QKV in front: it would spill there.)
-        constexpr bool kSplitKeys = !kFront || kModel;
-        if (kSplitKeys && 2 * p.H <= W && p.H * kScratchHead <= kScratch) {
-          constexpr int ND = tile_attention_nd<kHD>();
-          const int hh = w % p.H, part = w / p.H;
-          const int nk = tile_attention_key_tiles(lt, len, p.causal), split = (nk + 1) / 2;
-          unsigned char* scr = smem + (ftile - smem_u32(smem)) + size_t(hh) * kScratchHead;
-          __half2* so = reinterpret_cast<__half2*>(scr);                    // [16][kHD / 2]
-          float* sm = reinterpret_cast<float*>(scr + kWarpRows * kHD * 2);  // [16] max, then [16] sum
-          float o[ND][4], m[2], l[4];
-          if (part < 2) {
-            tile_attention_part<kHD>(ta, hh, lt, len, p.causal, sl2, lane, part ? split : 0, part ? nk : split, o, m, l);
-          }
-          if (part == 1) {
-            const float i0 = l[0] > 0.f ? 1.f / l[0] : 0.f, i1 = l[2] > 0.f ? 1.f / l[2] : 0.f;
-#pragma unroll
-            for (int dt = 0; dt < ND; ++dt) {
-              so[g * (kHD / 2) + dt * 4 + t] = __floats2half2_rn(o[dt][0] * i0, o[dt][1] * i0);
-              so[(g + 8) * (kHD / 2) + dt * 4 + t] = __floats2half2_rn(o[dt][2] * i1, o[dt][3] * i1);
-            }
-            if (t == 0) {
-              sm[g] = m[0];
-              sm[g + 8] = m[1];
-              sm[kWarpRows + g] = l[0];
-              sm[kWarpRows + g + 8] = l[2];
-            }
-          }
-          group_sync(bar, kGroupThreads);  // the partials written
-          if (part == 0) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              const int row = g + 8 * r;
-              const float m1 = sm[row], l1 = sm[kWarpRows + row];
-              const float mx = fmaxf(m[r], m1);
-              const float a0 = m[r] == -INFINITY ? 0.f : ex2((m[r] - mx) * sl2);
-              const float a1 = m1 == -INFINITY ? 0.f : ex2((m1 - mx) * sl2) * l1;  // o1 is o / l
-              l[2 * r] = l[2 * r] * a0 + a1;
-#pragma unroll
-              for (int dt = 0; dt < ND; ++dt) {
-                const float2 o1 = __half22float2(so[row * (kHD / 2) + dt * 4 + t]);
-                o[dt][2 * r] = o[dt][2 * r] * a0 + o1.x * a1;
-                o[dt][2 * r + 1] = o[dt][2 * r + 1] * a0 + o1.y * a1;
-              }
-            }
-            tile_attention_store<kHD>(ta, hh, o, l, lane);
-            zero_padded_rows(hh);
-          }
-        } else {
-          for (int hh = w; hh < p.H; hh += W) {
-            tile_attention_head<kHD>(ta, hh, lt, len, p.causal, sl2, lane);
-            zero_padded_rows(hh);
           }
         }
       } else {

@@ -63,32 +63,19 @@ __host__ __device__ constexpr int tile_attention_key_block() {
   return HD >= 128 ? 2 : 4;
 }
 
-// o n-tiles of one head per lane (the C fragments of o).
-template <int HD>
-__host__ __device__ constexpr int tile_attention_nd() {
-  return HD == 8 ? 1 : HD / 8;
-}
-// Key tiles query tile lt of a sequence of `len` valid keys sees.
-__device__ __forceinline__ int tile_attention_key_tiles(int lt, int len, bool causal) {
-  const int nkt = (len + 15) >> 4;
-  return causal ? min(lt + 1, nkt) : nkt;
-}
-
-// The online softmax of head hh for query tile lt over key tiles [kt0, kt1) of a sequence of `len`
-// valid keys (causal: key <= query), unnormalised: o = sum p v, m the running row max (raw score
-// units; -inf while a row has seen only masked keys), lacc the row sums of p ([0] row g, [2] row
-// g + 8). kHoldQ: q's A fragments held across the key loop (false: reloaded per key tile, for register
+// o of head hh for query tile lt of a sequence of `len` valid keys (causal: key <= query).
+// kHoldQ: q's A fragments held across the key loop (false: reloaded per key tile, for register
 // pressure at head_dim 128); kKeyBlock: key tiles per softmax block (registers again). sl2 = softmax scale * log2(e).
 template <int HD, bool kHoldQ = (HD < 128), int kKeyBlock = tile_attention_key_block<HD>()>
-__device__ __forceinline__ void tile_attention_part(const TileAttention& p, int hh, int lt, int len, bool causal,
-                                                    float sl2, int lane, int kt0, int kt1,
-                                                    float (&o)[tile_attention_nd<HD>()][4], float (&m)[2],
-                                                    float (&lacc)[4]) {
+__device__ __forceinline__ void tile_attention_head(const TileAttention& p, int hh, int lt, int len, bool causal,
+                                                    float sl2, int lane) {
   using namespace ptx;
-  constexpr int ND = tile_attention_nd<HD>();  // o n-tiles per head
+  constexpr int ND = HD == 8 ? 1 : HD / 8;   // o n-tiles per head
   constexpr int QF = HD == 8 ? 1 : HD / 16;  // q A fragments per head
-  const int t = lane & 3;
-  const int r0 = lt * 16 + (lane >> 2), r1 = r0 + 8;
+  const int g = lane >> 2, t = lane & 3;
+  const int r0 = lt * 16 + g, r1 = r0 + 8;
+  const int nkt = (len + 15) >> 4;
+  const int nk = causal ? min(lt + 1, nkt) : nkt;  // key tiles this tile sees
   // Key j = kt*16 + n*8 + 2t + (e&1) of row r is allowed iff kt*16 + n*8 + (e&1) < lim[r].
   const int lim[2] = {(causal ? min(len, r0 + 1) : len) - 2 * t, (causal ? min(len, r1 + 1) : len) - 2 * t};
   uint32_t qf[kHoldQ ? QF : 1][4];
@@ -98,17 +85,18 @@ __device__ __forceinline__ void tile_attention_part(const TileAttention& p, int 
 #pragma unroll
     for (int ks = 0; ks < QF; ++ks) ldsm_x4(qf[ks], p.q + uint32_t(hh * HD + ks * 16) * 2u);
   }
+  float o[ND][4];
 #pragma unroll
   for (int j = 0; j < ND; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  m[0] = m[1] = -INFINITY;
-  lacc[0] = lacc[1] = lacc[2] = lacc[3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY};   // running row max (raw score units)
+  float lacc[4] = {0.f, 0.f, 0.f, 0.f};  // row sums by mma: [0] row g, [2] row g + 8
 #pragma unroll 1
-  for (int kb = 0; kt0 + kb * kKeyBlock < kt1; ++kb) {
+  for (int kb = 0; kb * kKeyBlock < nk; ++kb) {
     float s[2 * kKeyBlock][4];
 #pragma unroll
     for (int kk = 0; kk < kKeyBlock; ++kk) {
-      const int kt = kt0 + kb * kKeyBlock + kk;
-      if (kt < kt1) {
+      const int kt = kb * kKeyBlock + kk;
+      if (kt < nk) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[2 * kk][e] = s[2 * kk + 1][e] = 0.f;
         if constexpr (HD == 8) {
@@ -140,7 +128,7 @@ __device__ __forceinline__ void tile_attention_part(const TileAttention& p, int 
     float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int kk = 0; kk < kKeyBlock; ++kk) {
-      if (kt0 + kb * kKeyBlock + kk < kt1) {
+      if (kb * kKeyBlock + kk < nk) {
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
           mx[0] = fmaxf(mx[0], fmaxf(s[2 * kk + n][0], s[2 * kk + n][1]));
@@ -165,8 +153,8 @@ __device__ __forceinline__ void tile_attention_part(const TileAttention& p, int 
     }
 #pragma unroll
     for (int kk = 0; kk < kKeyBlock; ++kk) {
-      const int kt = kt0 + kb * kKeyBlock + kk;
-      if (kt < kt1) {
+      const int kt = kb * kKeyBlock + kk;
+      if (kt < nk) {
 #pragma unroll
         for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -192,16 +180,7 @@ __device__ __forceinline__ void tile_attention_part(const TileAttention& p, int 
       }
     }
   }
-}
-
-// o = fp16(O / l) of head hh over its q columns of the tile (every lane of the warp has read its q
-// fragments of that head).
-template <int HD>
-__device__ __forceinline__ void tile_attention_store(const TileAttention& p, int hh, const float (&o)[tile_attention_nd<HD>()][4],
-                                                     const float (&lacc)[4], int lane) {
-  using namespace ptx;
-  constexpr int ND = tile_attention_nd<HD>();
-  const int t = lane & 3;
+  // o = fp16(O / l) over this head's q columns (every lane has read its q fragments).
   float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) inv[r] = lacc[2 * r] > 0.f ? 1.f / lacc[2 * r] : 0.f;
@@ -214,17 +193,6 @@ __device__ __forceinline__ void tile_attention_store(const TileAttention& p, int
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + p.o_row8), "r"(pack_half2(o[dt][2] * inv[1], o[dt][3] * inv[1]))
                  : "memory");
   }
-}
-
-// o of head hh for query tile lt (tile_attention_part over every key tile it sees, then
-// tile_attention_store).
-template <int HD, bool kHoldQ = (HD < 128), int kKeyBlock = tile_attention_key_block<HD>()>
-__device__ __forceinline__ void tile_attention_head(const TileAttention& p, int hh, int lt, int len, bool causal,
-                                                    float sl2, int lane) {
-  float o[tile_attention_nd<HD>()][4], m[2], lacc[4];
-  tile_attention_part<HD, kHoldQ, kKeyBlock>(p, hh, lt, len, causal, sl2, lane, 0,
-                                             tile_attention_key_tiles(lt, len, causal), o, m, lacc);
-  tile_attention_store<HD>(p, hh, o, lacc, lane);
 }
 
 }  // namespace hk::cuda
