@@ -1177,7 +1177,18 @@ void CudaEngine::Impl::build_table(Plan& p) {
   };
   // The chain's parameters for the layer of `first` (`count` steps from out_proj): ending at the
   // next layer's ln1 (h_out), at its qkv_proj (qkv_out; h stays on chip), or at final_ln (y).
-  auto chain_params = [E, P](const Ctx& c, const Step* first, int count) {
+  // The chain weights of layer l (out_proj .. ffn_out) into q.
+  auto set_chain_weights = [](PostAttnParams& q, const DeviceLayerWeights& w) {
+    q.w_o = static_cast<const __half*>(w.w_o);
+    q.b_o = w.b_o;
+    q.ln2_w = w.ln2_w;
+    q.ln2_b = w.ln2_b;
+    q.w_in = static_cast<const __half*>(w.w_in);
+    q.b_in = static_cast<const __half*>(w.b_in);
+    q.w_out = static_cast<const __half*>(w.w_out);
+    q.b_out = w.b_out;
+  };
+  auto chain_params = [E, P, set_chain_weights](const Ctx& c, const Step* first, int count) {
     const int l = first->layer;
     const StepKind last = first[count - 1].kind;
     const bool tail = last == StepKind::final_ln;
@@ -1190,14 +1201,7 @@ void CudaEngine::Impl::build_table(Plan& p) {
     q.x_in = l == 0 && (!P->packed || gather) ? c.x : E->buf.x;
     if (gather) q.x_rows = E->buf.row_dst;
     q.x_out = E->buf.x;
-    q.w_o = static_cast<const __half*>(w.w_o);
-    q.b_o = w.b_o;
-    q.ln2_w = w.ln2_w;
-    q.ln2_b = w.ln2_b;
-    q.w_in = static_cast<const __half*>(w.w_in);
-    q.b_in = static_cast<const __half*>(w.b_in);
-    q.w_out = static_cast<const __half*>(w.w_out);
-    q.b_out = w.b_out;
+    set_chain_weights(q, w);
     if (tail) {
       q.ln_next_w = E->weights->final_w();
       q.ln_next_b = E->weights->final_b();
@@ -1356,7 +1360,7 @@ void CudaEngine::Impl::build_table(Plan& p) {
         Kernel<Ctx> km;
         km.name = post_attn_model_name(cfg.d_model, cfg.ffn_dim, cfg.n_heads);
         km.covers = [](const std::vector<Step>&, size_t, const Shape&) { return 0; };
-        km.run = [E, P](Ctx& c, const Step*, int) {
+        km.run = [E, P, set_chain_weights](Ctx& c, const Step*, int) {
           PostAttnModelParams m;
           m.L = E->cfg.n_layers;
           for (int l = 0; l < m.L; ++l) {
@@ -1364,14 +1368,7 @@ void CudaEngine::Impl::build_table(Plan& p) {
             PostAttnParams& q = m.layer[l];
             q.x_in = c.x;
             q.x_out = E->buf.x;  // neither read nor written (the residual stays on chip)
-            q.w_o = static_cast<const __half*>(w.w_o);
-            q.b_o = w.b_o;
-            q.ln2_w = w.ln2_w;
-            q.ln2_b = w.ln2_b;
-            q.w_in = static_cast<const __half*>(w.w_in);
-            q.b_in = static_cast<const __half*>(w.b_in);
-            q.w_out = static_cast<const __half*>(w.w_out);
-            q.b_out = w.b_out;
+            set_chain_weights(q, w);
             if (l + 1 == m.L) {
               q.ln_next_w = E->weights->final_w();
               q.ln_next_b = E->weights->final_b();

@@ -226,9 +226,10 @@ struct Outcome {
   }
 };
 
-// Runs one launch on a fresh non-blocking stream, directly or (graph) through a captured CUDA
-// graph; returns the exception text or "".
-std::string launch_sync(const PostAttnParams& p, const PostAttnConfig& cfg, bool graph = false) {
+// Runs launch(stream) once on a fresh non-blocking stream, directly or (graph) through a captured
+// CUDA graph; returns the exception text or "".
+template <class Launch>
+std::string run_sync(const Launch& launch, bool graph) {
   try {
     cudaStream_t s;
     CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -236,7 +237,7 @@ std::string launch_sync(const PostAttnParams& p, const PostAttnConfig& cfg, bool
       cudaGraph_t g;
       cudaGraphExec_t ge;
       CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      hk::cuda::post_attn_fused(p, s, cfg);
+      launch(s);
       CHECK_CUDA(cudaStreamEndCapture(s, &g));
       CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
       CHECK_CUDA(cudaGraphLaunch(ge, s));
@@ -244,7 +245,7 @@ std::string launch_sync(const PostAttnParams& p, const PostAttnConfig& cfg, bool
       CHECK_CUDA(cudaGraphExecDestroy(ge));
       CHECK_CUDA(cudaGraphDestroy(g));
     } else {
-      hk::cuda::post_attn_fused(p, s, cfg);
+      launch(s);
     }
     CHECK_CUDA(cudaStreamSynchronize(s));
     CHECK_CUDA(cudaStreamDestroy(s));
@@ -253,6 +254,9 @@ std::string launch_sync(const PostAttnParams& p, const PostAttnConfig& cfg, bool
   }
   CHECK_CUDA(cudaGetLastError());
   return "";
+}
+std::string launch_sync(const PostAttnParams& p, const PostAttnConfig& cfg, bool graph = false) {
+  return run_sync([&](cudaStream_t s) { hk::cuda::post_attn_fused(p, s, cfg); }, graph);
 }
 
 Outcome run_case(const Case& c, uint64_t seed) {
@@ -1475,30 +1479,8 @@ ModelOutcome run_model_case(const ModelCase& c, uint64_t seed) {
       p.y = c.in_place ? d_x.p : d_y.p;
     }
   }
-  try {
-    cudaStream_t st;
-    CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    if (c.graph) {
-      cudaGraph_t g;
-      cudaGraphExec_t ge;
-      CHECK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-      hk::cuda::post_attn_model(mp, st);
-      CHECK_CUDA(cudaStreamEndCapture(st, &g));
-      CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
-      CHECK_CUDA(cudaGraphLaunch(ge, st));
-      CHECK_CUDA(cudaStreamSynchronize(st));
-      CHECK_CUDA(cudaGraphExecDestroy(ge));
-      CHECK_CUDA(cudaGraphDestroy(g));
-    } else {
-      hk::cuda::post_attn_model(mp, st);
-    }
-    CHECK_CUDA(cudaStreamSynchronize(st));
-    CHECK_CUDA(cudaStreamDestroy(st));
-  } catch (const std::exception& e) {
-    out.error = e.what();
-    return out;
-  }
-  CHECK_CUDA(cudaGetLastError());
+  out.error = run_sync([&](cudaStream_t st) { hk::cuda::post_attn_model(mp, st); }, c.graph);
+  if (!out.error.empty()) return out;
   const std::vector<float> y = c.in_place ? d_x.down() : d_y.down(), xo = d_xo.down();
   const std::vector<__half> qo = d_qkv.down();
   for (int64_t r = 0; r < rows; ++r) {
