@@ -208,7 +208,9 @@ bool post_attn_attention_supports(int D, int F, int H, int S);
 const char* post_attn_attention_name(int D, int F, int H, bool qkv, bool front = false);
 
 // The whole forward in one kernel (PostAttnModelParams): where post_attn_attention_supports(D, F, H,
-// S) holds and 2 <= L <= kPostAttnModelMaxLayers. One thread-block cluster of S / 16 CTAs per
+// S) holds, 2 <= L <= kPostAttnModelMaxLayers and the shared memory fits (the attention chain's plus the
+// next layer's chain weights staged on their way into registers: ~220 KB at D = 128, S = 128). One
+// thread-block cluster of S / 16 CTAs per
 // sequence runs all L layers of it (each CTA one row block; about one wave of clusters loops over the
 // batch); one cluster barrier per layer more than the per-layer kernels (the next q | k | v of every
 // row block written before any CTA stages it). Throws std::invalid_argument where unsupported or
