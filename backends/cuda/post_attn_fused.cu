@@ -1346,7 +1346,8 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
       if (has_next) ldsm_b_frags<NTW, FP / 16, SF>(rwf, l_wf);
     }
     if (kQkv && (!kModel || p.qkv_out)) {
-      // x_out (kModel: not stored, the residual stays in acc), the next h into the f tile (and h_out when given), then qkv = fp16(h Wqkv^T + bqkv).
+      // x_out (kModel: not stored, the residual stays in acc), the next h into the f tile (and h_out
+      // when given), then qkv = fp16(h Wqkv^T + bqkv).
 #pragma unroll
       for (int j = 0; j < NTW; ++j) {
         const int col = w * CW + 8 * j + 2 * t;
