@@ -1031,20 +1031,20 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
 #pragma unroll
       for (int k = 0; k < NQ; ++k)
         if (q.b_qkv && tid + k * NT < 3 * DP) v_bq[tid + k * NT] = vq[k];
-      return;
-    }
-    for (int i = tid; i < DP; i += int(blockDim.x)) {
-      v_bo[i] = q.b_o[i];
-      v_ln2w[i] = q.ln2_w[i];
-      v_ln2b[i] = q.ln2_b[i];
-      v_bout[i] = q.b_out[i];
-      v_lnw[i] = q.ln_next_w[i];
-      v_lnb[i] = q.ln_next_b[i];
-    }
-    for (int i = tid; i < FP; i += int(blockDim.x)) v_bin[i] = __half2float(q.b_in[i]);
-    if constexpr (kQkv) {
-      if (q.b_qkv) {
-        for (int i = tid; i < 3 * DP; i += int(blockDim.x)) v_bq[i] = __half2float(q.b_qkv[i]);
+    } else {
+      for (int i = tid; i < DP; i += int(blockDim.x)) {
+        v_bo[i] = q.b_o[i];
+        v_ln2w[i] = q.ln2_w[i];
+        v_ln2b[i] = q.ln2_b[i];
+        v_bout[i] = q.b_out[i];
+        v_lnw[i] = q.ln_next_w[i];
+        v_lnb[i] = q.ln_next_b[i];
+      }
+      for (int i = tid; i < FP; i += int(blockDim.x)) v_bin[i] = __half2float(q.b_in[i]);
+      if constexpr (kQkv) {
+        if (q.b_qkv) {
+          for (int i = tid; i < 3 * DP; i += int(blockDim.x)) v_bq[i] = __half2float(q.b_qkv[i]);
+        }
       }
     }
   };
