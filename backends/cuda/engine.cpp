@@ -422,7 +422,8 @@ struct CudaEngine::Impl {
   int choose_segment(Plan& p, const tune::Segment<Ctx>& seg, const Ctx& c);
   int pinned_option(const Plan& p, const tune::Segment<Ctx>& seg) const;
   // HK_CHAINS pins one chain kernel (post_attn_qkv, attention_chain): its per-layer plan then
-  // stays, tuned or not (no whole-model kernel in its place).
+  // stays, tuned or not (no persistent whole-model kernel in its place); attention_model: the
+  // chains' whole-model kernel replaces the plan (decide_whole_model).
   bool pinned_chain_kernel() const {
     return pin_chains == "post_attn_qkv" || pin_chains == "attention_chain" || pin_chains == "attention_model";
   }
@@ -1175,9 +1176,7 @@ void CudaEngine::Impl::build_table(Plan& p) {
       P->decisions.push_back(d);
     };
   };
-  // The chain's parameters for the layer of `first` (`count` steps from out_proj): ending at the
-  // next layer's ln1 (h_out), at its qkv_proj (qkv_out; h stays on chip), or at final_ln (y).
-  // The chain weights of layer l (out_proj .. ffn_out) into q.
+  // The chain weights of a layer (out_proj .. ffn_out) into q.
   auto set_chain_weights = [](PostAttnParams& q, const DeviceLayerWeights& w) {
     q.w_o = static_cast<const __half*>(w.w_o);
     q.b_o = w.b_o;
@@ -1188,6 +1187,8 @@ void CudaEngine::Impl::build_table(Plan& p) {
     q.w_out = static_cast<const __half*>(w.w_out);
     q.b_out = w.b_out;
   };
+  // The chain's parameters for the layer of `first` (`count` steps from out_proj): ending at the
+  // next layer's ln1 (h_out), at its qkv_proj (qkv_out; h stays on chip), or at final_ln (y).
   auto chain_params = [E, P, set_chain_weights](const Ctx& c, const Step* first, int count) {
     const int l = first->layer;
     const StepKind last = first[count - 1].kind;
@@ -1353,7 +1354,8 @@ void CudaEngine::Impl::build_table(Plan& p) {
       // residual in registers (post_attn_model). A plan-level candidate as the persistent kernels.
       if (!post_attn_model_supports(cfg.d_model, cfg.ffn_dim, cfg.n_heads, S, cfg.n_layers)) {
         p.chain_notes.push_back("attention model: L = " + std::to_string(cfg.n_layers) + " outside 2.." +
-                                std::to_string(kPostAttnModelMaxLayers));
+                                std::to_string(kPostAttnModelMaxLayers) +
+                                ", or its shared memory (the chain's plus the staged weights) does not fit");
       } else if (step_pinned && pin_chains != "attention_model") {
         p.chain_notes.push_back("attention model: not a candidate while a step route is pinned");
       } else if ((routes.tune && !pinned_chain_kernel()) || pin_chains == "attention_model") {
