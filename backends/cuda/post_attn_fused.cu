@@ -765,291 +765,6 @@ __global__ void __launch_bounds__(max_warps<DP, FP, kPad>() * 32, 1)
   }
 }
 
-// ---- d256 warpgroup kernel: two groups split the columns of one 64-row block ---------------------
-// D = F = 256, sm_90a (wgmma). The streamed row-per-warp kernel above keeps one warp per 16 rows
-// through the whole chain; at D = 256 its residual is 128 registers per thread and a CTA of 4 warps
-// covers 64 rows, so at the row counts of a forward (one 64-row block per SM) each scheduler has a
-// single warp and the chain's element-wise work (LayerNorms, GELU, bias, offsets) issues at one
-// instruction every ~5 cycles (ncu). Here a CTA of two warpgroups (8 warps) shares each 64-row
-// block: group wg owns residual columns [128 wg, 128 wg + 128) of out_proj and ffn_out (64
-// accumulator registers per thread) and 32 of the 64 columns of each ffn chunk, so the element-wise
-// work per thread halves and each scheduler has two warps. Across the groups:
-//   - the o / h block tile [64][256 + 8] (fp16): o from global, then h = LN2 written by both
-//     groups (each its columns), the A operand of ffn_in for both; at the end LN1's h_out staged
-//     for 16-byte stores;
-//   - the f tile [64][64 + 8]: each group's GELU(ffn_in) columns of the chunk, the A operand of
-//     ffn_out for both;
-//   - LayerNorm statistics: each group's mean and centred sum of squares over its 128 columns
-//     (shifted by its own first column), combined with the other group's (Chan et al.'s pairwise
-//     update) after one barrier.
-// Weights stream through a ring of 4 stage buffers (32 KB panels in wgmma.cuh's core-matrix layout,
-// three in flight): 4 Wo panels of 64 k columns, then per ffn chunk of 64 columns its Wi rows and
-// its Wf columns; each product waits for its wgmma before the next stage's barrier (which frees a
-// buffer for reuse), and that barrier also publishes the tiles written before it.
-namespace wg256 {
-constexpr int kD = 256;
-constexpr int kHalf = 128;    // residual columns per group
-constexpr int kKC = 64;       // k columns per Wo panel
-constexpr int kNC = 64;       // ffn columns per chunk (32 per group)
-constexpr int kBufs = 4;      // stage ring
-constexpr int kPanels = kD / kKC;
-constexpr int kStages = kPanels + 2 * (kD / kNC);
-constexpr int kRows = 64;     // rows per block (one m64 warpgroup tile)
-constexpr int kThreads = 256;
-constexpr int kSA = kD + 8;   // halves per row of the block tile
-constexpr int kSF = kNC + 8;  // halves per row of the f tile
-constexpr size_t kStageBytes = size_t(kD) * kKC * 2;  // every panel kind: 256 x 64 or 64 x 256 halves
-constexpr size_t kVecBytes = size_t(7) * kD * 4;
-constexpr size_t kStatBytes = size_t(2) * kRows * sizeof(float2);
-constexpr size_t kRingOff = kVecBytes + kStatBytes;
-constexpr size_t kTileOff = kRingOff + kBufs * kStageBytes;
-constexpr size_t kFOff = kTileOff + size_t(kRows) * kSA * 2;
-constexpr size_t kSmemBytes = kFOff + size_t(kRows) * kSF * 2;
-static_assert(kRingOff % 128 == 0 && kTileOff % 128 == 0 && kFOff % 16 == 0, "aligned regions");
-}  // namespace wg256
-
-// Mean and rstd of the thread's two rows over all D columns, from this group's 128 columns in acc:
-// the group's shifted mean and centred sum of squares (two passes over its registers), exchanged
-// through `stats` ([2][64] float2: mean, M2 per group and block row) with the other group. The
-// returned RowStats has shift = the row mean and mean = 0 (ln_value's form).
-__device__ __forceinline__ RowStats wg256_row_stats(const float (&acc)[16][4], float2* stats, int wg, int r0, float eps) {
-  const int leader = int(threadIdx.x & 31u) & ~3;
-  const float sh0 = __shfl_sync(0xffffffffu, acc[0][0], leader);
-  const float sh1 = __shfl_sync(0xffffffffu, acc[0][2], leader);
-  float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    s0 += (acc[j][0] - sh0) + (acc[j][1] - sh0);
-    s1 += (acc[j][2] - sh1) + (acc[j][3] - sh1);
-  }
-  quad_sum(s0, s1);
-  const float m0 = s0 / float(wg256::kHalf), m1 = s1 / float(wg256::kHalf);
-  float q0 = 0.f, q1 = 0.f;
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const float a = (acc[j][0] - sh0) - m0, b = (acc[j][1] - sh0) - m0;
-    const float c = (acc[j][2] - sh1) - m1, d = (acc[j][3] - sh1) - m1;
-    q0 += a * a + b * b;
-    q1 += c * c + d * d;
-  }
-  quad_sum(q0, q1);
-  if ((threadIdx.x & 3u) == 0) {
-    stats[wg * wg256::kRows + r0] = make_float2(sh0 + m0, q0);
-    stats[wg * wg256::kRows + r0 + 8] = make_float2(sh1 + m1, q1);
-  }
-  __syncthreads();
-  const float2 o0 = stats[(wg ^ 1) * wg256::kRows + r0];
-  const float2 o1 = stats[(wg ^ 1) * wg256::kRows + r0 + 8];
-  RowStats st;
-  const float mu0 = sh0 + m0, mu1 = sh1 + m1;
-  // Equal halves: mean = (mu_a + mu_b) / 2, M2 = M2_a + M2_b + (mu_a - mu_b)^2 * 128 / 2.
-  const float d0 = mu0 - o0.x, d1 = mu1 - o1.x;
-  st.shift[0] = 0.5f * (mu0 + o0.x);
-  st.shift[1] = 0.5f * (mu1 + o1.x);
-  st.mean[0] = st.mean[1] = 0.f;
-  st.rstd[0] = rsqrtf((q0 + o0.y + d0 * d0 * (0.5f * wg256::kHalf)) / float(wg256::kD) + eps);
-  st.rstd[1] = rsqrtf((q1 + o1.y + d1 * d1 * (0.5f * wg256::kHalf)) / float(wg256::kD) + eps);
-  return st;
-}
-
-__global__ void __launch_bounds__(wg256::kThreads, 1) post_attn_wg256_kernel(const PostAttnParams p) {
-  using namespace wg256;
-  extern __shared__ __align__(128) unsigned char smem[];
-  const int64_t rows = p.rows;
-  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int wg = warp >> 2, q = warp & 3;  // column group; 16-row slice of the block
-  const int g = lane >> 2, t = lane & 3;
-  const int r0 = q * 16 + g;  // the thread's rows in the block: r0, r0 + 8
-  const int c0l = wg * kHalf;  // first residual column of this group
-
-  float* v_bo = reinterpret_cast<float*>(smem);
-  float* v_ln2w = v_bo + kD;
-  float* v_ln2b = v_ln2w + kD;
-  float* v_bout = v_ln2b + kD;
-  float* v_lnw = v_bout + kD;
-  float* v_lnb = v_lnw + kD;
-  float* v_bin = v_lnb + kD;
-  float2* stats = reinterpret_cast<float2*>(smem + kVecBytes);
-  const uint32_t s_ring = smem_u32(smem) + uint32_t(kRingOff);
-  const uint32_t s_tile = smem_u32(smem) + uint32_t(kTileOff);
-  const uint32_t s_f = smem_u32(smem) + uint32_t(kFOff);
-  for (int i = tid; i < kD; i += kThreads) {
-    v_bo[i] = p.b_o[i];
-    v_ln2w[i] = p.ln2_w[i];
-    v_ln2b[i] = p.ln2_b[i];
-    v_bout[i] = p.b_out[i];
-    v_lnw[i] = p.ln_next_w[i];
-    v_lnb[i] = p.ln_next_b[i];
-    v_bin[i] = __half2float(p.b_in[i]);
-  }
-
-  auto load_stage = [&](uint32_t buf, int s) {
-    if (s < kPanels) {
-      copy_blocked<kD, kKC>(buf, p.w_o + s * kKC, kD, kD, kD, tid, kThreads);
-    } else {
-      const int r = s - kPanels, c = r >> 1;
-      if ((r & 1) == 0) {
-        copy_blocked<kNC, kD>(buf, p.w_in + int64_t(c) * kNC * kD, kD, kNC, kD, tid, kThreads);
-      } else {
-        copy_blocked<kD, kNC>(buf, p.w_out + c * kNC, kD, kD, kNC, tid, kThreads);
-      }
-    }
-  };
-  // Step j: stage j is in buffer j % kBufs, stages j + 1 .. j + kBufs - 2 in flight (one cp.async
-  // group each). Wait for stage j (`all`: for every group, also the block's o tile), make this
-  // thread's copies visible to the tensor cores, barrier (everyone is done with stage j - 1 and
-  // its wgmma has completed; tiles written before it are visible), then issue stage j + kBufs - 1
-  // into the freed buffer (j - 1) % kBufs.
-  int step = 0;
-  auto next_stage = [&](bool all) -> uint32_t {
-    if (all) {
-      cp_async_wait_all();
-    } else {
-      cp_async_wait<kBufs - 2>();
-    }
-    wgmma::fence_proxy_async_shared();
-    __syncthreads();
-    const int ahead = step + kBufs - 1;
-    load_stage(s_ring + uint32_t(ahead % kBufs) * uint32_t(kStageBytes), ahead % kStages);
-    cp_async_commit();
-    const uint32_t buf = s_ring + uint32_t(step % kBufs) * uint32_t(kStageBytes);
-    ++step;
-    return buf;
-  };
-  for (int j = 0; j < kBufs - 1; ++j) {
-    load_stage(s_ring + uint32_t(j) * uint32_t(kStageBytes), j);
-    cp_async_commit();
-  }
-  pdl_launch_dependents();
-  pdl_wait();  // launch_pdl: vectors and the first weight panels are staged before the previous kernel ends
-
-  // ldmatrix lane address (bytes) of the warp's 16 rows in a tile of row stride ld halves.
-  const uint32_t a_lane = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * kSA + (lane >> 4) * 8) * 2u;
-  const uint32_t a_lane_f = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * kSF + (lane >> 4) * 8) * 2u;
-  const uint32_t tile_q = s_tile + uint32_t(q * 16 * kSA) * 2u;
-  const uint32_t f_q = s_f + uint32_t(q * 16 * kSF) * 2u;
-
-  const int64_t nblk = (rows + kRows - 1) / kRows;
-#pragma unroll 1
-  for (int64_t blk = blockIdx.x; blk < nblk; blk += gridDim.x) {
-    const int64_t row0 = blk * kRows;
-    __syncthreads();  // the previous block's h_out stores have read the tile
-    // o rows [row0, row0 + 64) -> the block tile (zeros past `rows`).
-    for (int i = tid; i < kRows * (kD / 8); i += kThreads) {
-      const int r = i / (kD / 8), c = (i % (kD / 8)) * 8;
-      const bool valid = row0 + r < rows;
-      cp_async_16(s_tile + uint32_t(r * kSA + c) * 2u, valid ? p.o + (row0 + r) * kD + c : p.o, valid);
-    }
-    cp_async_commit();
-    // The residual of this group's columns, relative to the row's first element (as the other
-    // kernels: LayerNorm is shift-invariant and the k steps round at the row's spread).
-    const int64_t ra = row0 + r0, rb = ra + 8;
-    const int64_t sa = residual_row(p, ra), sb = residual_row(p, rb);
-    const float ca = sa >= 0 ? p.x_in[sa * kD] : 0.f;
-    const float cb = sb >= 0 ? p.x_in[sb * kD] : 0.f;
-    float acc[16][4];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int col = c0l + 8 * j + 2 * t;
-      float2 xa = make_float2(0.f, 0.f), xb = xa;
-      if (sa >= 0) xa = *reinterpret_cast<const float2*>(p.x_in + sa * kD + col);
-      if (sb >= 0) xb = *reinterpret_cast<const float2*>(p.x_in + sb * kD + col);
-      acc[j][0] = xa.x - ca;
-      acc[j][1] = xa.y - ca;
-      acc[j][2] = xb.x - cb;
-      acc[j][3] = xb.y - cb;
-    }
-    // out_proj: this group's 128 output columns (rows 128 wg .. of each Wo panel).
-#pragma unroll 1
-    for (int s = 0; s < kPanels; ++s) {
-      const uint32_t buf = next_stage(s == 0);
-      wg_smem_a<kHalf, kKC / 16>(acc, tile_q + a_lane + uint32_t(s * kKC * 2),
-                                 buf + uint32_t(wg * (kHalf / 8) * (kKC / 8) * 128), uint32_t(kKC) * 16u);
-    }
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const float2 b = *reinterpret_cast<const float2*>(v_bo + c0l + 8 * j + 2 * t);
-      acc[j][0] += b.x;
-      acc[j][1] += b.y;
-      acc[j][2] += b.x;
-      acc[j][3] += b.y;
-    }
-    // ln2 -> h over the o tile (both groups have finished out_proj: the statistics barrier).
-    {
-      const RowStats st = wg256_row_stats(acc, stats, wg, r0, p.eps);
-      store_ln_f16<16, kSA>(acc, st, v_ln2w + c0l, v_ln2b + c0l, tile_q + uint32_t(c0l) * 2u, g, t);
-    }
-    // ffn, chunk by chunk: the group's 32 columns of ffn_in, GELU into the f tile, then its 128
-    // output columns of ffn_out over the chunk's 64 (the next stage's barrier publishes f).
-#pragma unroll 1
-    for (int c = 0; c < kD / kNC; ++c) {
-      const uint32_t wi = next_stage(false);
-      float fa[4][4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) fa[j][0] = fa[j][1] = fa[j][2] = fa[j][3] = 0.f;
-      wg_smem_a<kNC / 2, kD / 16, 4>(fa, tile_q + a_lane, wi + uint32_t(wg * (kNC / 2 / 8) * (kD / 8) * 128),
-                                     uint32_t(kD) * 16u);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int col = wg * (kNC / 2) + 8 * j + 2 * t;  // column of the chunk
-        const float2 b = *reinterpret_cast<const float2*>(v_bin + c * kNC + col);
-        st_shared_u32(f_q + uint32_t(g * kSF + col) * 2u,
-                      pack_half2(gelu_act<false>(fa[j][0] + b.x), gelu_act<false>(fa[j][1] + b.y)));
-        st_shared_u32(f_q + uint32_t((g + 8) * kSF + col) * 2u,
-                      pack_half2(gelu_act<false>(fa[j][2] + b.x), gelu_act<false>(fa[j][3] + b.y)));
-      }
-      const uint32_t wf = next_stage(false);
-      wg_smem_a<kHalf, kNC / 16>(acc, f_q + a_lane_f, wf + uint32_t(wg * (kHalf / 8) * (kNC / 8) * 128),
-                                 uint32_t(kNC) * 16u);
-    }
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const float2 b = *reinterpret_cast<const float2*>(v_bout + c0l + 8 * j + 2 * t);
-      acc[j][0] += b.x;
-      acc[j][1] += b.y;
-      acc[j][2] += b.x;
-      acc[j][3] += b.y;
-    }
-    if (!p.tail) {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const int col = c0l + 8 * j + 2 * t;
-        if (ra < rows) st_global_f32x2(p.x_out + ra * kD + col, acc[j][0] + ca, acc[j][1] + ca);
-        if (rb < rows) st_global_f32x2(p.x_out + rb * kD + col, acc[j][2] + cb, acc[j][3] + cb);
-      }
-      // LN1 of the next layer -> h_out, staged in the block tile (h there was last read by the
-      // last chunk's ffn_in, before that chunk's Wf barrier), then 16-byte stores.
-      const RowStats st = wg256_row_stats(acc, stats, wg, r0, p.eps);
-      store_ln_f16<16, kSA>(acc, st, v_lnw + c0l, v_lnb + c0l, tile_q + uint32_t(c0l) * 2u, g, t);
-      __syncthreads();
-      for (int i = tid; i < kRows * (kD / 8); i += kThreads) {
-        const int r = i / (kD / 8), c = (i % (kD / 8)) * 8;
-        if (row0 + r < rows) st_global_b32x4(p.h_out + (row0 + r) * kD + c, ld_shared_v4(s_tile + uint32_t(r * kSA + c) * 2u));
-      }
-    } else {
-      const RowStats st = wg256_row_stats(acc, stats, wg, r0, p.eps);
-      const TailRows d = tail_rows(p, ra, rb);
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const int col = c0l + 8 * j + 2 * t;
-        const float2 w = *reinterpret_cast<const float2*>(v_lnw + col);
-        const float2 b = *reinterpret_cast<const float2*>(v_lnb + col);
-        if (d.write[0]) {
-          const float2 v = d.valid[0] ? make_float2(ln_value(acc[j][0], st, 0, w.x, b.x), ln_value(acc[j][1], st, 0, w.y, b.y))
-                                      : make_float2(0.f, 0.f);
-          st_global_f32x2(p.y + d.dst[0] * kD + col, v.x, v.y);
-        }
-        if (d.write[1]) {
-          const float2 v = d.valid[1] ? make_float2(ln_value(acc[j][2], st, 1, w.x, b.x), ln_value(acc[j][3], st, 1, w.y, b.y))
-                                      : make_float2(0.f, 0.f);
-          st_global_f32x2(p.y + d.dst[1] * kD + col, v.x, v.y);
-        }
-      }
-    }
-  }
-  cp_async_wait_all();
-}
-
 // ---- column-split kernel (few rows) --------------------------------------------------------------
 // A group of W warps shares one 16-row block: warp w owns residual columns [w D/W, (w+1) D/W) of
 // out_proj and ffn_out and ffn columns [w F/W, (w+1) F/W) of ffn_in, so one row block's chain is
@@ -1961,35 +1676,6 @@ std::vector<PostAttnConfig> candidates(int64_t rows, bool tanh_gelu) {
   return out;
 }
 
-// ---- d256 warpgroup kernel: launch layer ----------------------------------------------------------
-// Runs where the warpgroup kernels do (wgmma_available: an sm_90a build on a 9.0 device) and the
-// device has its shared memory; one CTA per SM (182 KB), persistent over the 64-row blocks.
-bool wg256_available() {
-  return wgmma_available() && wg256::kSmemBytes <= size_t(device_limits().smem_optin);
-}
-
-void raise_wg256_smem_limit() {
-  static const bool done = [] {
-    HK_CUDA_CHECK(cudaFuncSetAttribute(post_attn_wg256_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(wg256::kSmemBytes)));
-    return true;
-  }();
-  (void)done;
-}
-
-void launch_wg256(const PostAttnParams& p, cudaStream_t stream) {
-  raise_wg256_smem_limit();
-  const int64_t blocks = (p.rows + wg256::kRows - 1) / wg256::kRows;
-  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(device_limits().sms, blocks));
-  launch_pdl(post_attn_wg256_kernel, dim3(unsigned(grid)), dim3(wg256::kThreads), wg256::kSmemBytes, stream, p);
-  HK_CUDA_CHECK_LAUNCH();
-}
-
-// What a d256 configuration runs: the warpgroup kernel (8 warps, no o double buffer) for wgmma = 1
-// where it is available, else the streamed row-per-warp kernel.
-bool wg256_selected(const PostAttnConfig& cfg) { return cfg.wgmma != 0 && wg256_available(); }
-constexpr PostAttnConfig kWg256Run{8, 0, 0, 0, 0, 1};
-
 // ---- column-split kernel: launch layer ------------------------------------------------------------
 bool split_supported(int D, int F) { return (D == 64 && F == 64) || (D == 128 && F == 128); }
 
@@ -2296,7 +1982,6 @@ bool post_attn_fused_supports(int D, int F) {
     case Variant::d256:
       if (!fits_device<256, 256>()) return false;
       raise_smem_limit<256, 256, false>();
-      if (wg256_available()) raise_wg256_smem_limit();
       return true;
     case Variant::pad128:
       if (!fits_device<128, 128>()) return false;
@@ -2325,9 +2010,7 @@ void post_attn_fused(const PostAttnParams& p, cudaStream_t stream, const PostAtt
   switch (pick_variant(p.D, p.F)) {
     case Variant::d64: return launch<64, 64, false>(p, stream, config);
     case Variant::d128: return launch<128, 128, false>(p, stream, config);
-    case Variant::d256:
-      if (wg256_selected(config)) return launch_wg256(p, stream);
-      return launch<256, 256, false>(p, stream, config);
+    case Variant::d256: return launch<256, 256, false>(p, stream, config);
     case Variant::pad128: return launch<128, 128, true>(p, stream, config);
     default: return launch<256, 256, true>(p, stream, config);
   }
@@ -2343,7 +2026,7 @@ PostAttnConfig post_attn_fused_effective(int D, int F, int64_t rows, const PostA
   switch (pick_variant(D, F)) {
     case Variant::d64: return effective<64, 64, false>(rows, config);
     case Variant::d128: return effective<128, 128, false>(rows, config);
-    case Variant::d256: return wg256_selected(config) ? kWg256Run : effective<256, 256, false>(rows, config);
+    case Variant::d256: return effective<256, 256, false>(rows, config);
     case Variant::pad128: return effective<128, 128, true>(rows, config);
     default: return effective<256, 256, true>(rows, config);
   }
@@ -2356,10 +2039,7 @@ std::vector<PostAttnConfig> post_attn_fused_candidates(int D, int F, int64_t row
   switch (pick_variant(D, F)) {
     case Variant::d64: out = candidates<64, 64, false>(rows, tanh_gelu); break;
     case Variant::d128: out = candidates<128, 128, false>(rows, tanh_gelu); break;
-    case Variant::d256:
-      out = candidates<256, 256, false>(rows, tanh_gelu);
-      if (wg256_available()) out.push_back(PostAttnConfig{8, -1, 0, 0, 0, 1});  // runs as kWg256Run
-      break;
+    case Variant::d256: out = candidates<256, 256, false>(rows, tanh_gelu); break;
     case Variant::pad128: out = candidates<128, 128, true>(rows, tanh_gelu); break;
     default: out = candidates<256, 256, true>(rows, tanh_gelu); break;
   }

@@ -122,14 +122,11 @@ struct PostAttnModelParams {
 //              the hardware tanh approximation, ~1/3 of the erf form's instructions. Not the
 //              model's exact GELU (|difference| < 1e-3 on fp16-rounded inputs): a fast-precision
 //              candidate that a tuner must check against the erf form, as cuBLASLt's tanh epilogue.
-//   wgmma:     1 (exact kernels d64 / d128 / d256; ignored elsewhere, and where the build has no
-//              sm_90a code or the device is not compute capability 9.0) = the products as warpgroup
-//              MMAs (wgmma.cuh): the tensor cores read the weights from shared memory once per group
-//              of 4 warps instead of each warp through ldmatrix. d64 / d128 (row per warp, resident
-//              weights): warps count in whole groups of 4, each group taking 64 rows at a time.
-//              d256: its own kernel, always 8 warps (warps and prefetch ignored, gelu_tanh too: erf
-//              GELU): two groups split the residual columns of one 64-row block, the weights stream
-//              through a ring of four 32 KB panels.
+//   wgmma:     1 (exact resident kernels d64 / d128, row per warp; ignored elsewhere, and where
+//              the build has no sm_90a code or the device is not compute capability 9.0) = the
+//              products as warpgroup MMAs (wgmma.cuh): the tensor cores read the weights from
+//              shared memory once per group of 4 warps instead of each warp through ldmatrix;
+//              warps then count in whole groups of 4, each group taking 64 rows at a time.
 struct PostAttnConfig {
   int warps = 0;
   int prefetch = -1;
@@ -184,8 +181,7 @@ PostAttnConfig post_attn_fused_effective(int D, int F, int64_t rows, const PostA
 //     row-per-warp entry above again as it runs (explicit warps and prefetch) with gelu_tanh = 1;
 //   exact resident kernels where the warpgroup kernels run (sm_90a build, compute capability 9.0):
 //     each row-per-warp entry above (erf and tanh) again with wgmma = 1, its warps rounded down to
-//     a multiple of 4, unless that runs as an earlier entry; d256 there: one entry {8 warps,
-//     wgmma = 1}, the two-group kernel;
+//     a multiple of 4, unless that runs as an earlier entry;
 //   then the column-split entries.
 std::vector<PostAttnConfig> post_attn_fused_candidates(int D, int F, int64_t rows, bool tanh_gelu = false);
 

@@ -145,30 +145,4 @@ __device__ __forceinline__ void mma_rs<128>(float (&d)[16][4], const uint32_t (&
 #endif
 }
 
-// m64n32: a 32-column slice of an ffn chunk.
-template <>
-__device__ __forceinline__ void mma_rs<32>(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc) {
-#if HK_WGMMA
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-      "}, "
-      "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
-      "}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-#else
-  (void)d;
-  (void)a;
-  (void)desc;
-  __trap();
-#endif
-}
-
 }  // namespace hk::cuda::wgmma
