@@ -379,9 +379,10 @@ int run(const Options& o, int* argc, char*** argv) {
 #endif
     hk::tune::knob_choice("HK_WRITE_BACK", {"async", "inline", "off"});
     hk::tune::knob_choice("HK_HOST_HUGEPAGES", {"1", "0"});
-    // The ranks create the output together; a directory they cannot write is found here, before
-    // anything collective, so that it is one clean error.
-    if (job.size() > 1 && job.rank() == 0 && !o.explain) {
+    // The ranks create the output together; a directory one of them cannot write (another node's
+    // view of it, a read-only mount) is found here, before anything collective, so that it is one
+    // clean error naming that rank.
+    if (job.size() > 1 && !o.explain) {
       std::filesystem::path dir = std::filesystem::path(output).parent_path();
       if (dir.empty()) dir = ".";
       if (::access(dir.c_str(), W_OK | X_OK) != 0)

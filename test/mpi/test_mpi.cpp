@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <thread>
 
@@ -176,6 +177,53 @@ TEST_F(MpiOnly, UnwritableOutputFailsTheJobCleanly) {
   EXPECT_EQ(lines[0].rfind("hk_forward: error: " + out + ": /: cannot create", 0), 0u) << lines[0];
   EXPECT_NE(lines[0].find("No such file or directory"), std::string::npos) << lines[0];
   EXPECT_EQ(dir.entries(), std::vector<std::string>{"in.h5"});
+}
+
+// Two ranks where rank 1's file system refuses the paths containing `refuse` (refuse_open.c
+// preloaded into rank 1 only: as a node with another view of the output directory), under a time
+// limit: a job that hangs in a collective call ends with status 124.
+ProcResult forward_refusing(const ScratchDir& dir, const std::string& refuse, const std::vector<std::string>& args) {
+  static ScratchDir capture;
+  std::vector<std::string> a = {"timeout", "120", g_mpirun, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
+                                "-np", "1", g_forward};
+  a.insert(a.end(), args.begin(), args.end());
+  for (const std::string& v : {std::string(":"), std::string("-np"), std::string("1"), std::string("-x"),
+                               std::string("LD_PRELOAD=") + HK_REFUSE_OPEN_LIB, std::string("-x"),
+                               "HK_TEST_REFUSE_PATHS=" + refuse, g_forward})
+    a.push_back(v);
+  a.insert(a.end(), args.begin(), args.end());
+  return run_process(a, dir.path(""), capture.path("run"));
+}
+
+// An output directory that only rank 1 cannot write: the ranks' check before anything collective
+// finds it; one clean error line naming rank 1, exit 1, nothing created.
+TEST_F(MpiOnly, OutputDirectoryOneRankCannotWriteFailsTheJobCleanly) {
+  ScratchDir dir;
+  write_case(dir.path("in.h5"), 6, 8);
+  std::filesystem::create_directory(dir.path("out"));
+  const ProcResult r = forward_refusing(dir, "out", {"--input", "in.h5", "--output", "out/y.h5", "--backend", "kokkos", "--quiet"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  const auto lines = r.err_lines_starting("hk_forward: error: ");
+  ASSERT_EQ(lines.size(), 1u) << r.err;
+  EXPECT_EQ(lines[0], "hk_forward: error: out/y.h5: /: cannot create the temporary output file in out (Permission denied) (rank 1 of 2)");
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path("out")));
+}
+
+// The temporary file itself refused on rank 1 only (its directory passes the check): every rank
+// opens it on its own before the collective MPI-IO create, so the job fails instead of hanging in
+// that create (it did), with rank 1's reason, and rank 0 removes the file it created.
+TEST_F(MpiOnly, TemporaryFileOneRankCannotOpenFailsTheJobWithoutHanging) {
+  ScratchDir dir;
+  write_case(dir.path("in.h5"), 6, 8);
+  const ProcResult r = forward_refusing(dir, ".h5.tmp.", {"--input", "in.h5", "--output", "y.h5", "--backend", "kokkos", "--quiet"});
+  EXPECT_NE(r.status, 124) << "the job hung (stopped by its time limit)\n" << r.err;
+  EXPECT_NE(r.status, 0) << r.err;
+  const auto lines = r.err_lines_starting("hk_forward: error: ");
+  ASSERT_GE(lines.size(), 1u) << r.err;
+  for (const std::string& l : lines)  // each failing rank may print it before the job is ended
+    EXPECT_EQ(l.rfind("hk_forward: error: y.h5: /: cannot create the temporary output file y.h5.tmp.* on rank 1 "
+                      "(Permission denied) (rank ", 0), 0u) << l;
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"in.h5"}) << "output or temporary files left behind";
 }
 
 // A NaN in a chunk of rank 1 only (chunk 1 of 1-sequence chunks). With the forked validation,

@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "hk/error.hpp"
@@ -36,6 +38,29 @@ bool all_ok(bool ok, MPI_Comm comm) {
   int local = ok ? 1 : 0, all = 0;
   MPI_Allreduce(&local, &all, 1, MPI_INT, MPI_MIN, comm);
   return all == 1;
+}
+
+// The lowest rank whose `err` (an errno value) is not 0 and that err, on every rank; {-1, 0} when
+// every rank passed 0.
+std::pair<int, int> first_failure(int err, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  int mine = err != 0 ? rank : size, low = size;
+  MPI_Allreduce(&mine, &low, 1, MPI_INT, MPI_MIN, comm);
+  if (low == size) return {-1, 0};
+  int code = err;
+  MPI_Bcast(&code, 1, MPI_INT, low, comm);
+  return {low, code};
+}
+
+// errno of opening `path` with `flags` (0: opened, and closed again).
+int open_errno(const std::string& path, int flags) {
+  errno = 0;
+  const int fd = ::open(path.c_str(), flags, 0644);
+  if (fd < 0) return errno != 0 ? errno : EIO;
+  ::close(fd);
+  return 0;
 }
 
 }  // namespace
@@ -101,6 +126,24 @@ ParallelOutputFile::ParallelOutputFile(const std::string& path, int64_t B, int S
   m.path = path;
   m.temp = path + ".tmp." + broadcast(std::to_string(::getpid()), comm);
   m.dims = {B, S, D};
+  // Every rank opens the temporary file on its own first (rank 0 creates it, then the others open
+  // it): a rank that cannot (a node with another view of the directory, a read-only mount,
+  // permissions) would otherwise fail inside the collective MPI-IO create while the other ranks
+  // wait there for it (the job hung, the file left behind). The first failing rank and its reason
+  // reach every rank, which all fail with the same message; rank 0 removes what it created.
+  {
+    auto [who, code] = first_failure(rank == 0 ? open_errno(m.temp, O_WRONLY | O_CREAT | O_TRUNC) : 0, comm);
+    if (who < 0) std::tie(who, code) = first_failure(rank == 0 ? 0 : open_errno(m.temp, O_WRONLY), comm);
+    if (who >= 0) {
+      if (rank == 0 && who != 0) ::unlink(m.temp.c_str());
+      m.temp.clear();
+      int size = 1;
+      MPI_Comm_size(comm, &size);
+      impl_.reset();
+      fail(path, "/", "cannot create the temporary output file " + path + ".tmp.*" +
+                          (size > 1 ? " on rank " + std::to_string(who) : std::string()) + " (" + std::strerror(code) + ")");
+    }
+  }
   try {
     Handle fapl = file_creation_access();
     if (H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL) < 0)
