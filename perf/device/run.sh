@@ -112,7 +112,14 @@ if want tests; then
     if [ -n "${HK_TESTS:-}" ] && [[ " $HK_TESTS " != *" $name "* ]]; then continue; fi
     echo "=== $name" >> "$OUT/tests.log"
     s=$(date +%s)
-    (cd "$share" && timeout "${HK_TEST_TIMEOUT:-200}" "$t") >> "$OUT/tests.log" 2>&1
+    # Per-program limit (HK_TEST_TIMEOUT overrides all): test_post_attn_fused checks ~1000 chain
+    # configurations against float64 references on the host (225 s on the H200 machine with
+    # HK_TEST_NO_TIMING=1, more with its timing table).
+    case $name in
+      test_post_attn_fused) limit=${HK_TEST_TIMEOUT:-420} ;;
+      *) limit=${HK_TEST_TIMEOUT:-200} ;;
+    esac
+    (cd "$share" && timeout "$limit" "$t") >> "$OUT/tests.log" 2>&1
     rc=$?
     status[$name]=$rc
     echo "=== $name rc=$rc ($(( $(date +%s) - s ))s)" >> "$OUT/tests.log"
