@@ -21,35 +21,26 @@ static mode_t mode_arg(int flags, va_list ap) {
   return (flags & (O_CREAT | O_TMPFILE)) ? (mode_t)va_arg(ap, int) : 0;
 }
 
-int open(const char* path, int flags, ...) {
-  static int (*real)(const char*, int, ...);
-  va_list ap;
-  mode_t mode;
-  va_start(ap, flags);
-  mode = mode_arg(flags, ap);
-  va_end(ap);
-  if (refused(path)) {
-    errno = EACCES;
-    return -1;
-  }
-  if (real == NULL) *(void**)&real = dlsym(RTLD_NEXT, "open");
-  return real(path, flags, mode);
+static int refuse(void) {
+  errno = EACCES;
+  return -1;
 }
 
-int open64(const char* path, int flags, ...) {
-  static int (*real)(const char*, int, ...);
-  va_list ap;
-  mode_t mode;
-  va_start(ap, flags);
-  mode = mode_arg(flags, ap);
-  va_end(ap);
-  if (refused(path)) {
-    errno = EACCES;
-    return -1;
+/* open() and open64(): the same signature. */
+#define HK_PATH_OPEN(name)                                     \
+  int name(const char* path, int flags, ...) {                 \
+    static int (*real)(const char*, int, ...);                 \
+    va_list ap;                                                \
+    mode_t mode;                                               \
+    va_start(ap, flags);                                       \
+    mode = mode_arg(flags, ap);                                \
+    va_end(ap);                                                \
+    if (refused(path)) return refuse();                        \
+    if (real == NULL) *(void**)&real = dlsym(RTLD_NEXT, #name); \
+    return real(path, flags, mode);                            \
   }
-  if (real == NULL) *(void**)&real = dlsym(RTLD_NEXT, "open64");
-  return real(path, flags, mode);
-}
+HK_PATH_OPEN(open)
+HK_PATH_OPEN(open64)
 
 int openat(int dir, const char* path, int flags, ...) {
   static int (*real)(int, const char*, int, ...);
@@ -58,20 +49,14 @@ int openat(int dir, const char* path, int flags, ...) {
   va_start(ap, flags);
   mode = mode_arg(flags, ap);
   va_end(ap);
-  if (refused(path)) {
-    errno = EACCES;
-    return -1;
-  }
+  if (refused(path)) return refuse();
   if (real == NULL) *(void**)&real = dlsym(RTLD_NEXT, "openat");
   return real(dir, path, flags, mode);
 }
 
 int access(const char* path, int how) {
   static int (*real)(const char*, int);
-  if (refused(path)) {
-    errno = EACCES;
-    return -1;
-  }
+  if (refused(path)) return refuse();
   if (real == NULL) *(void**)&real = dlsym(RTLD_NEXT, "access");
   return real(path, how);
 }
