@@ -153,7 +153,7 @@ ParallelOutputFile::ParallelOutputFile(const std::string& path, int64_t B, int S
     const int err = errno;
     if (!all_ok(f >= 0, comm)) {
       if (f >= 0) H5Fclose(f);  // collective: every rank that opened it closes it
-      m.temp.clear();           // nothing to remove: the create failed
+      // m.temp stays: rank 0 created the file above, and the catch below removes it.
       fail_h5(path, "/", std::string("cannot create the temporary output file ") + path + ".tmp.* (" +
                              (err ? std::strerror(err) : "failed on some rank") + ")");
     }
