@@ -184,8 +184,9 @@ TEST_F(MpiOnly, UnwritableOutputFailsTheJobCleanly) {
 // limit: a job that hangs in a collective call ends with status 124.
 ProcResult forward_refusing(const ScratchDir& dir, const std::string& refuse, const std::vector<std::string>& args) {
   static ScratchDir capture;
-  std::vector<std::string> a = {"timeout", "120", g_mpirun, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
-                                "-np", "1", g_forward};
+  std::vector<std::string> a = {"timeout", "120"};
+  const std::vector<std::string> rank0 = mpirun(1);
+  a.insert(a.end(), rank0.begin(), rank0.end());
   a.insert(a.end(), args.begin(), args.end());
   for (const std::string& v : {std::string(":"), std::string("-np"), std::string("1"), std::string("-x"),
                                std::string("LD_PRELOAD=") + HK_REFUSE_OPEN_LIB, std::string("-x"),
