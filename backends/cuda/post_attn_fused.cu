@@ -332,7 +332,8 @@ struct TailRows {
   bool write[2];  // the row is written
   bool valid[2];  // ... with its LayerNorm (else zeros)
 };
-__device__ __forceinline__ TailRows tail_rows(const PostAttnParams& p, int64_t r0, int64_t r1) {
+template <class Params>  // PostAttnParams or GemmLnParams
+__device__ __forceinline__ TailRows tail_rows(const Params& p, int64_t r0, int64_t r1) {
   const uint32_t u0 = uint32_t(r0), u1 = uint32_t(r1);
   TailRows d{{r0, r1}, {r0 < p.rows, r1 < p.rows}, {r0 < p.rows, r1 < p.rows}};
   if (p.row_dst != nullptr) {
@@ -1479,6 +1480,162 @@ Variant pick_variant(int D, int F) {
 }
 
 
+// ---- gemm_ln: one residual GEMM with the LayerNorm behind it (post_attn_fused.cuh) --------------
+// One warpgroup (4 warps) per CTA, W [N][K] resident in the core-matrix layout, a persistent loop
+// over 64-row blocks. Warp w holds rows 16 w .. 16 w + 15 of a block in the m16n8 C layout
+// (wgmma.cuh), so the row statistics are row_stats' quad sums. Per block:
+//   the a rows into the shared tile U ([64][K + 8] halves: ldmatrix-conflict-free rows), every A
+//   fragment into registers, the K / 16 products issued; U is then free, so the residual rows are
+//   copied into it ([64][N + 8] floats: 8 rows of one warp read land in distinct banks) while the
+//   tensor cores run; x = acc + bias + residual; x_out stored from the accumulators; h = LN(x)
+//   through U again (16-byte stores of whole rows), or the tail's y.
+template <int N, int K>
+struct GemmLnTile {
+  static constexpr int kRows = 64;
+  static constexpr int kSA = K + 8;   // halves per a row in U
+  static constexpr int kSR = N + 8;   // floats per residual row in U
+  static constexpr int kSH = N + 8;   // halves per h row in U
+  static constexpr size_t kVecBytes = round_up(size_t(3) * N * 4, 128);
+  static constexpr size_t kWBytes = size_t(N) * K * 2;
+  static constexpr size_t kUBytes =
+      round_up(cmax(cmax(size_t(kRows) * kSA * 2, size_t(kRows) * kSR * 4), size_t(kRows) * kSH * 2), 128);
+  static constexpr size_t kSmem = kVecBytes + kWBytes + kUBytes;
+  static_assert(N % 16 == 0 && K % 16 == 0 && N <= 256, "wgmma n / k steps; the accumulators are N / 2 registers");
+};
+
+template <int N, int K>
+__global__ void __launch_bounds__(128, 1) gemm_ln_kernel(const GemmLnParams p) {
+  using T = GemmLnTile<N, K>;
+  constexpr int NT = N / 8, KS = K / 16, R = T::kRows;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t rows = p.rows;
+
+  float* v_bias = reinterpret_cast<float*>(smem);
+  float* v_lnw = v_bias + N;
+  float* v_lnb = v_lnw + N;
+  const uint32_t s_w = smem_u32(smem) + uint32_t(T::kVecBytes);
+  const uint32_t s_u = s_w + uint32_t(T::kWBytes);
+
+  // Before the predecessor ends: the weights (one cp.async group) and the vectors.
+  copy_blocked<N, K>(s_w, p.w, K, N, K, tid, 128);
+  cp_async_commit();
+  for (int i = tid; i < N; i += 128) {
+    v_bias[i] = p.bias[i];
+    v_lnw[i] = p.ln_w[i];
+    v_lnb[i] = p.ln_b[i];
+  }
+  pdl_launch_dependents();
+  pdl_wait();  // launch_pdl: a, x_in, lengths and the outputs belong to the stream's earlier work
+
+  // ldmatrix x4 lane address of A (rows 0-7 | 8-15) x (k 0-7 | 8-15) of this warp's 16 rows.
+  const uint32_t a_lane = s_u + uint32_t((warp * 16 + (lane & 15)) * T::kSA + (lane >> 4) * 8) * 2u;
+  const int rl0 = warp * 16 + g, rl1 = rl0 + 8;  // the thread's two rows within the block
+  const int64_t nblk = (rows + R - 1) / R;
+#pragma unroll 1
+  for (int64_t blk = blockIdx.x; blk < nblk; blk += gridDim.x) {
+    const int64_t row0 = blk * R;
+    {
+      constexpr int kChunks = K / 8;
+      for (int i = tid; i < R * kChunks; i += 128) {
+        const int r = i / kChunks, c = (i - r * kChunks) * 8;
+        const bool valid = row0 + r < rows;
+        cp_async_16(s_u + uint32_t(r * T::kSA + c) * 2u, valid ? p.a + (row0 + r) * K + c : p.a, valid);
+      }
+      cp_async_commit();
+    }
+    cp_async_wait_all();
+    wgmma::fence_proxy_async_shared();  // the cp.async weights -> the tensor cores' reads
+    __syncthreads();
+
+    uint32_t a[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) ldsm_x4(a[ks], a_lane + uint32_t(ks) * 32u);
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    wgmma::fence_operands(acc);
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      wgmma::mma_rs<N>(acc, a[ks], wgmma::desc_kmajor(s_w + uint32_t(ks) * 256u, 128, uint32_t(K) * 16u));
+    }
+    wgmma::commit();
+    __syncthreads();  // every warp's A fragments are in registers: U takes the residual rows
+    {
+      constexpr int kChunks = N / 4;
+      for (int i = tid; i < R * kChunks; i += 128) {
+        const int r = i / kChunks, c = (i - r * kChunks) * 4;
+        const int64_t row = row0 + r;
+        const int64_t src = row >= rows ? -1 : (p.x_rows != nullptr ? int64_t(p.x_rows[uint32_t(row)]) : row);
+        cp_async_16(s_u + uint32_t(r * T::kSR + c) * 4u, src >= 0 ? p.x_in + src * N + c : p.x_in, src >= 0);
+      }
+      cp_async_commit();
+    }
+    wgmma::wait<0>();
+    wgmma::keep_fragments(a);
+    wgmma::fence_operands(acc);
+    cp_async_wait_all();
+    __syncthreads();
+
+    // x = acc + bias + residual (rows past `rows`: bias alone, finite, never stored).
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int col = 8 * j + 2 * t;
+      const float2 b = *reinterpret_cast<const float2*>(v_bias + col);
+      const float2 x0 = *reinterpret_cast<const float2*>(smem + T::kVecBytes + T::kWBytes +
+                                                         (size_t(rl0) * T::kSR + col) * 4);
+      const float2 x1 = *reinterpret_cast<const float2*>(smem + T::kVecBytes + T::kWBytes +
+                                                         (size_t(rl1) * T::kSR + col) * 4);
+      acc[j][0] += b.x + x0.x;
+      acc[j][1] += b.y + x0.y;
+      acc[j][2] += b.x + x1.x;
+      acc[j][3] += b.y + x1.y;
+    }
+    const int64_t r0 = row0 + rl0, r1 = row0 + rl1;
+    const RowStats st = row_stats<NT, false>(acc, N, p.eps);
+    if (!p.tail) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int col = 8 * j + 2 * t;
+        if (r0 < rows) st_global_f32x2(p.x_out + r0 * N + col, acc[j][0], acc[j][1]);
+        if (r1 < rows) st_global_f32x2(p.x_out + r1 * N + col, acc[j][2], acc[j][3]);
+      }
+      __syncthreads();  // every residual read is done: U takes h
+      const uint32_t tile = s_u + uint32_t(warp * 16 * T::kSH) * 2u;
+      store_ln_f16<NT, T::kSH>(acc, st, v_lnw, v_lnb, tile, g, t);
+      __syncwarp();
+      constexpr int kChunks = N / 8;
+#pragma unroll 4
+      for (int i = lane; i < 16 * kChunks; i += 32) {
+        const int r = i / kChunks, c = (i - r * kChunks) * 8;
+        const int64_t row = row0 + warp * 16 + r;
+        if (row < rows) st_global_b32x4(p.h_out + row * N + c, ld_shared_v4(tile + uint32_t(r * T::kSH + c) * 2u));
+      }
+    } else {
+      const TailRows d = tail_rows(p, r0, r1);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int col = 8 * j + 2 * t;
+        const float2 w = *reinterpret_cast<const float2*>(v_lnw + col);
+        const float2 b = *reinterpret_cast<const float2*>(v_lnb + col);
+        if (d.write[0]) {
+          const float2 v = d.valid[0] ? make_float2(ln_value(acc[j][0], st, 0, w.x, b.x), ln_value(acc[j][1], st, 0, w.y, b.y))
+                                      : make_float2(0.f, 0.f);
+          st_global_f32x2(p.y + d.dst[0] * N + col, v.x, v.y);
+        }
+        if (d.write[1]) {
+          const float2 v = d.valid[1] ? make_float2(ln_value(acc[j][2], st, 1, w.x, b.x), ln_value(acc[j][3], st, 1, w.y, b.y))
+                                      : make_float2(0.f, 0.f);
+          st_global_f32x2(p.y + d.dst[1] * N + col, v.x, v.y);
+        }
+      }
+    }
+    __syncthreads();  // U is read (residual, h) before the next block's a rows land in it
+  }
+}
+
 // The warpgroup kernels run here: built for sm_90a (HK_CUDA_HAVE_WGMMA) and a compute
 // capability 9.0 device (the arch-specific code runs on that one only). Current device, once per
 // process.
@@ -2141,6 +2298,51 @@ const char* post_attn_fused_name(int D, int F) {
     case Variant::pad256: return "hk::post_attn[cuda.fused.pad256.stream]";
     default: return "";
   }
+}
+
+namespace {
+template <int N, int K>
+bool gemm_ln_ready() {
+  static const bool ok = [] {
+    if (!wgmma_available() || GemmLnTile<N, K>::kSmem > size_t(device_limits().smem_optin)) return false;
+    HK_CUDA_CHECK(cudaFuncSetAttribute(gemm_ln_kernel<N, K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(GemmLnTile<N, K>::kSmem)));
+    return true;
+  }();
+  return ok;
+}
+}  // namespace
+
+bool gemm_ln_supports(int D, int K) { return D == 256 && K == 256 && gemm_ln_ready<256, 256>(); }
+
+const char* gemm_ln_name(int D, int K) {
+  return D == 256 && K == 256 ? "hk::gemm_ln[cuda.wgmma.d256.k256]" : "";
+}
+
+void gemm_ln(const GemmLnParams& p, cudaStream_t stream) {
+  auto fail = [](const std::string& what) { throw std::invalid_argument("hk::gemm_ln[cuda.wgmma]: " + what); };
+  if (!gemm_ln_supports(p.D, p.K)) {
+    fail("D " + std::to_string(p.D) + ", K " + std::to_string(p.K) +
+         " not supported here (D = K = 256, sm_90a code on a compute capability 9.0 device)");
+  }
+  if (p.rows < 0 || p.rows >= (int64_t(1) << 31)) fail("rows must be in [0, 2^31)");
+  if (!p.a || !p.w || !p.bias || !p.x_in || !p.ln_w || !p.ln_b) fail("a, w, bias, x_in, ln_w and ln_b must be set");
+  if (!aligned(p.a, 16) || !aligned(p.w, 16) || !aligned(p.x_in, 16)) fail("a, w and x_in must be 16-byte aligned");
+  if (p.tail) {
+    if (!p.y || !aligned(p.y, 8)) fail("the tail needs y, 8-byte aligned");
+    if (p.x_rows) fail("x_rows is not allowed in the tail");
+    if (!p.row_dst && p.lengths && p.S < 1) fail("S must be >= 1 with lengths");
+  } else {
+    if (!p.x_out || !p.h_out || !aligned(p.x_out, 8) || !aligned(p.h_out, 16)) {
+      fail("x_out (8-byte aligned) and h_out (16-byte aligned) must be set");
+    }
+    if (p.x_rows && p.x_in == p.x_out) fail("a gathered residual (x_rows) must not be updated in place");
+  }
+  if (p.rows == 0) return;
+  constexpr int kN = 256, kK = 256;
+  const int64_t blocks = (p.rows + GemmLnTile<kN, kK>::kRows - 1) / GemmLnTile<kN, kK>::kRows;
+  const int grid = int(std::min<int64_t>(blocks, device_limits().sms));
+  launch_pdl(gemm_ln_kernel<kN, kK>, dim3(unsigned(grid)), dim3(128), GemmLnTile<kN, kK>::kSmem, stream, p);
 }
 
 }  // namespace hk::cuda

@@ -759,6 +759,88 @@ TEST(CudaForward, AttentionModel) {
   EXPECT_EQ(failures, 0);
 }
 
+// ---- one residual GEMM with its LayerNorm (D = 256) -----------------------------------------------
+// HK_CHAINS=gemm_ln pins it (untuned): out_proj + ln2 and ffn_out + the next layer's ln1 (the last
+// layer: + the final LayerNorm) as gemm_ln kernels, 2 L of them, where they run (an sm_90a build on a
+// compute capability 9.0 device: HK_TEST_EXPECT_WGMMA), in the dense and the padding-free layout (there
+// layer 0's residual is gathered from the input rows and the pack kernel copies none); within budget
+// against the float64 reference with padded rows exactly 0; forward_device gives the host path's
+// bits, also with new lengths through the same graph, and in place (y over x) within budget.
+int run_gemm_ln_case(const Case& c) {
+  Table t(c);
+  std::printf("---- gemm_ln %s: B=%d S=%d D=%d H=%d F=%d L=%d %s\n", c.name.c_str(), c.B, c.S, c.D, c.H, c.F, c.L,
+              c.causal ? "causal" : "bidirectional");
+  const hk::ModelConfig cfg = config_of(c);
+  const uint64_t seed = uint64_t(c.B * 911 + c.S * 53 + c.D * 7 + c.L);
+  Runner run{c, hk::synthetic_model(cfg, seed, c.nontrivial_ln), nullptr};
+  HK_TEST_CUDA(cudaStreamCreateWithFlags(&run.stream, cudaStreamNonBlocking));
+  const size_t n = size_t(c.B) * c.S * c.D;
+  const std::vector<float> x1 = hk::synthetic_input(c.B, c.S, c.D, seed);
+  int want = 0;
+#if defined(HK_TEST_EXPECT_WGMMA) && HK_TEST_EXPECT_WGMMA
+  int major = 0, minor = 0;
+  HK_TEST_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  HK_TEST_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
+  if (major == 9 && minor == 0) want = 2 * c.L;
+#endif
+  try {
+    for (const char* pack : {"0", "1"}) {
+      const std::string tag = pack[0] == '1' ? "packed" : "dense";
+      Routes r;
+      r.pins["chains"] = "gemm_ln";
+      r.pins["pack"] = pack;
+      auto e = run.engine(Precision::fast, r);
+      const std::string plan = e->explain(c.B);
+      int kernels = 0;
+      for (size_t at = plan.find("hk::gemm_ln["); at != std::string::npos; at = plan.find("hk::gemm_ln[", at + 1)) ++kernels;
+      t.row(tag + "/plan", std::to_string(kernels) + " gemm_ln kernels", kernels == want,
+            "expected " + std::to_string(want) + (want ? "" : " (no sm_90a build or not compute capability 9.0)"));
+      for (int round = 0; round < 2; ++round) {
+        std::vector<int32_t> lengths = make_lengths(c, seed + uint64_t(round) * 977);
+        if (lengths.empty()) lengths.assign(size_t(c.B), c.S);
+        if (round == 1)  // other lengths, the same plan and graph
+          for (size_t b = 0; b < lengths.size(); ++b) lengths[b] = std::max(0, c.S - lengths[b]);
+        int64_t tokens = 0;
+        for (int32_t l : lengths) tokens += l;
+        const std::vector<double> ref =
+            hk::test::naive_forward(run.model, std::vector<double>(x1.begin(), x1.end()), c.B, c.S, lengths);
+        std::vector<float> yh(n, NAN);
+        e->forward(x1.data(), lengths.data(), c.B, yh.data());
+        const double ratio = hk::test::budget_ratio(yh.data(), ref);
+        const std::string rt = round == 0 ? "" : ", new lengths";
+        t.row(tag + "/host" + rt, "ratio " + fmt("%.3g", ratio), ratio <= 1.0 && padded_rows_zero(c, yh, lengths));
+        DevBuf xd(n * 4), yd(n * 4), ld(size_t(c.B) * 4 + 4);
+        xd.upload(x1);
+        ld.upload(lengths);
+        yd.poison();
+        e->forward_device(xd.get<float>(), ld.get<int32_t>(), c.B, yd.get<float>(), run.stream, tokens);
+        HK_TEST_CUDA(cudaStreamSynchronize(run.stream));
+        t.row(tag + "/device" + rt, "== host bits", same_bits(yd.download<float>(n), yh));
+        e->forward_device(xd.get<float>(), ld.get<int32_t>(), c.B, xd.get<float>(), run.stream, tokens);
+        HK_TEST_CUDA(cudaStreamSynchronize(run.stream));
+        const std::vector<float> yi = xd.download<float>(n);
+        const double ri = hk::test::budget_ratio(yi.data(), ref);
+        t.row(tag + "/device, in place" + rt, "ratio " + fmt("%.3g", ri), ri <= 1.0 && padded_rows_zero(c, yi, lengths));
+      }
+    }
+  } catch (const hk::Error& err) {
+    t.row("gemm_ln", "threw", false, err.what());
+  }
+  cudaStreamDestroy(run.stream);
+  return t.failures();
+}
+
+TEST(CudaForward, GemmLn) {
+  header();
+  int failures = 0;
+  const std::vector<Case> spec = spec_cases();
+  failures += run_gemm_ln_case(spec[size_t(12 - 1)]);
+  failures += run_gemm_ln_case({"S=37 D=256 H=4 F=256 L=2", 5, 37, 256, 4, 256, 2, true, true, Lens::edge});
+  failures += run_gemm_ln_case({"S=1 D=256 H=8 F=256 L=3", 9, 1, 256, 8, 256, 3, false, true, Lens::random});
+  failures += run_gemm_ln_case({"S=64 D=256 H=2 F=256 L=2 all S", 3, 64, 256, 2, 256, 2, true, false, Lens::full});
+  EXPECT_EQ(failures, 0);
+}
+
 TEST(CudaForward, PostAttentionChainWithQkv) {
   header();
   int failures = 0;
