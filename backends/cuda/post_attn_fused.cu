@@ -1481,34 +1481,35 @@ Variant pick_variant(int D, int F) {
 
 
 // ---- gemm_ln: one residual GEMM with the LayerNorm behind it (post_attn_fused.cuh) --------------
-// One warpgroup (4 warps) per CTA, W [N][K] resident in the core-matrix layout, a persistent loop
-// over 64-row blocks. Warp w holds rows 16 w .. 16 w + 15 of a block in the m16n8 C layout
-// (wgmma.cuh), so the row statistics are row_stats' quad sums. Per block:
-//   the a rows into the shared tile U ([64][K + 8] halves: ldmatrix-conflict-free rows), every A
-//   fragment into registers, the K / 16 products issued; U is then free, so the residual rows are
-//   copied into it ([64][N + 8] floats: 8 rows of one warp read land in distinct banks) while the
-//   tensor cores run; x = acc + bias + residual; x_out stored from the accumulators; h = LN(x)
-//   through U again (16-byte stores of whole rows), or the tail's y.
+// Two warpgroups per CTA share W [N][K], resident in the core-matrix layout; each group takes its
+// own 64-row blocks (a persistent loop; group q of CTA b starts at block q * grid + b). Warp w of a
+// group holds rows 16 w .. 16 w + 15 of its block in the m16n8 C layout (wgmma.cuh), so the row
+// statistics are row_stats' quad sums. Per block:
+//   the accumulators start at the residual rows (x_in, loaded into registers while the block's a
+//   rows land in the group's shared tile), relative to each row's first element c (as the chain
+//   keeps its residual: the products then round at the ulp of the row's spread, not of |x|), plus
+//   the bias; every A fragment into registers, the tile then takes the next block's a rows while
+//   the K / 16 products run; x_out = acc + c and h = fp16(LN(acc)) stored from the accumulators,
+//   or the tail's y.
 template <int N, int K>
 struct GemmLnTile {
   static constexpr int kRows = 64;
-  static constexpr int kSA = K + 8;   // halves per a row in U
-  static constexpr int kSR = N + 8;   // floats per residual row in U
-  static constexpr int kSH = N + 8;   // halves per h row in U
+  static constexpr int kGroups = 2;
+  static constexpr int kSA = K + 8;  // halves per a row in a group's tile: ldmatrix-conflict-free rows
   static constexpr size_t kVecBytes = round_up(size_t(3) * N * 4, 128);
   static constexpr size_t kWBytes = size_t(N) * K * 2;
-  static constexpr size_t kUBytes =
-      round_up(cmax(cmax(size_t(kRows) * kSA * 2, size_t(kRows) * kSR * 4), size_t(kRows) * kSH * 2), 128);
-  static constexpr size_t kSmem = kVecBytes + kWBytes + kUBytes;
+  static constexpr size_t kTileBytes = round_up(size_t(kRows) * kSA * 2, 128);
+  static constexpr size_t kSmem = kVecBytes + kWBytes + kGroups * kTileBytes;
   static_assert(N % 16 == 0 && K % 16 == 0 && N <= 256, "wgmma n / k steps; the accumulators are N / 2 registers");
 };
 
 template <int N, int K>
-__global__ void __launch_bounds__(128, 1) gemm_ln_kernel(const GemmLnParams p) {
+__global__ void __launch_bounds__(256, 1) gemm_ln_kernel(const GemmLnParams p) {
   using T = GemmLnTile<N, K>;
   constexpr int NT = N / 8, KS = K / 16, R = T::kRows;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int q = warp >> 2, wq = warp & 3, gtid = tid & 127;
   const int g = lane >> 2, t = lane & 3;
   const int64_t rows = p.rows;
 
@@ -1516,12 +1517,12 @@ __global__ void __launch_bounds__(128, 1) gemm_ln_kernel(const GemmLnParams p) {
   float* v_lnw = v_bias + N;
   float* v_lnb = v_lnw + N;
   const uint32_t s_w = smem_u32(smem) + uint32_t(T::kVecBytes);
-  const uint32_t s_u = s_w + uint32_t(T::kWBytes);
+  const uint32_t s_u = s_w + uint32_t(T::kWBytes) + uint32_t(q) * uint32_t(T::kTileBytes);
 
   // Before the predecessor ends: the weights (one cp.async group) and the vectors.
-  copy_blocked<N, K>(s_w, p.w, K, N, K, tid, 128);
+  copy_blocked<N, K>(s_w, p.w, K, N, K, tid, 256);
   cp_async_commit();
-  for (int i = tid; i < N; i += 128) {
+  for (int i = tid; i < N; i += 256) {
     v_bias[i] = p.bias[i];
     v_lnw[i] = p.ln_w[i];
     v_lnb[i] = p.ln_b[i];
@@ -1529,32 +1530,61 @@ __global__ void __launch_bounds__(128, 1) gemm_ln_kernel(const GemmLnParams p) {
   pdl_launch_dependents();
   pdl_wait();  // launch_pdl: a, x_in, lengths and the outputs belong to the stream's earlier work
 
-  // ldmatrix x4 lane address of A (rows 0-7 | 8-15) x (k 0-7 | 8-15) of this warp's 16 rows.
-  const uint32_t a_lane = s_u + uint32_t((warp * 16 + (lane & 15)) * T::kSA + (lane >> 4) * 8) * 2u;
-  const int rl0 = warp * 16 + g, rl1 = rl0 + 8;  // the thread's two rows within the block
+  auto load_a = [&](int64_t row0) {
+    constexpr int kChunks = K / 8;
+    for (int i = gtid; i < R * kChunks; i += 128) {
+      const int r = i / kChunks, c = (i - r * kChunks) * 8;
+      const bool valid = row0 + r < rows;
+      cp_async_16(s_u + uint32_t(r * T::kSA + c) * 2u, valid ? p.a + (row0 + r) * K + c : p.a, valid);
+    }
+    cp_async_commit();
+  };
   const int64_t nblk = (rows + R - 1) / R;
+  const int64_t stride = int64_t(T::kGroups) * gridDim.x;
+  int64_t blk = int64_t(q) * gridDim.x + blockIdx.x;
+  if (blk < nblk) load_a(blk * R);
+  cp_async_wait_all();
+  wgmma::fence_proxy_async_shared();  // the cp.async weights -> the tensor cores' reads
+  __syncthreads();                    // weights, vectors and each group's first a rows visible
+
+  // ldmatrix x4 lane address of A (rows 0-7 | 8-15) x (k 0-7 | 8-15) of this warp's 16 rows.
+  const uint32_t a_lane = s_u + uint32_t((wq * 16 + (lane & 15)) * T::kSA + (lane >> 4) * 8) * 2u;
+  const int leader = lane & ~3;
 #pragma unroll 1
-  for (int64_t blk = blockIdx.x; blk < nblk; blk += gridDim.x) {
+  for (; blk < nblk; blk += stride) {
     const int64_t row0 = blk * R;
-    {
-      constexpr int kChunks = K / 8;
-      for (int i = tid; i < R * kChunks; i += 128) {
-        const int r = i / kChunks, c = (i - r * kChunks) * 8;
-        const bool valid = row0 + r < rows;
-        cp_async_16(s_u + uint32_t(r * T::kSA + c) * 2u, valid ? p.a + (row0 + r) * K + c : p.a, valid);
-      }
-      cp_async_commit();
+    const int64_t r0 = row0 + wq * 16 + g, r1 = r0 + 8;
+    // The residual rows into the accumulators (zeros past `rows` or where x_rows says so).
+    const int64_t s0 = r0 >= rows ? -1 : (p.x_rows != nullptr ? int64_t(p.x_rows[uint32_t(r0)]) : r0);
+    const int64_t s1 = r1 >= rows ? -1 : (p.x_rows != nullptr ? int64_t(p.x_rows[uint32_t(r1)]) : r1);
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int col = 8 * j + 2 * t;
+      float2 x0 = make_float2(0.f, 0.f), x1 = x0;
+      if (s0 >= 0) x0 = *reinterpret_cast<const float2*>(p.x_in + s0 * N + col);
+      if (s1 >= 0) x1 = *reinterpret_cast<const float2*>(p.x_in + s1 * N + col);
+      acc[j][0] = x0.x;
+      acc[j][1] = x0.y;
+      acc[j][2] = x1.x;
+      acc[j][3] = x1.y;
+    }
+    // c: the row's first element (column 0 sits in the quad leader's acc[0][0] / acc[0][2]).
+    const float c0 = __shfl_sync(0xffffffffu, acc[0][0], leader);
+    const float c1 = __shfl_sync(0xffffffffu, acc[0][2], leader);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const float2 b = *reinterpret_cast<const float2*>(v_bias + 8 * j + 2 * t);
+      acc[j][0] = (acc[j][0] - c0) + b.x;
+      acc[j][1] = (acc[j][1] - c0) + b.y;
+      acc[j][2] = (acc[j][2] - c1) + b.x;
+      acc[j][3] = (acc[j][3] - c1) + b.y;
     }
     cp_async_wait_all();
-    wgmma::fence_proxy_async_shared();  // the cp.async weights -> the tensor cores' reads
-    __syncthreads();
-
+    group_sync(1 + q, 128);  // the block's a rows, from every thread of the group
     uint32_t a[KS][4];
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) ldsm_x4(a[ks], a_lane + uint32_t(ks) * 32u);
-    float acc[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     wgmma::fence_operands(acc);
     wgmma::fence();
 #pragma unroll
@@ -1562,56 +1592,29 @@ __global__ void __launch_bounds__(128, 1) gemm_ln_kernel(const GemmLnParams p) {
       wgmma::mma_rs<N>(acc, a[ks], wgmma::desc_kmajor(s_w + uint32_t(ks) * 256u, 128, uint32_t(K) * 16u));
     }
     wgmma::commit();
-    __syncthreads();  // every warp's A fragments are in registers: U takes the residual rows
-    {
-      constexpr int kChunks = N / 4;
-      for (int i = tid; i < R * kChunks; i += 128) {
-        const int r = i / kChunks, c = (i - r * kChunks) * 4;
-        const int64_t row = row0 + r;
-        const int64_t src = row >= rows ? -1 : (p.x_rows != nullptr ? int64_t(p.x_rows[uint32_t(row)]) : row);
-        cp_async_16(s_u + uint32_t(r * T::kSR + c) * 4u, src >= 0 ? p.x_in + src * N + c : p.x_in, src >= 0);
-      }
-      cp_async_commit();
-    }
+    group_sync(1 + q, 128);  // every warp's A fragments are in registers: the tile takes the next rows
+    if (blk + stride < nblk) load_a((blk + stride) * R);
     wgmma::wait<0>();
     wgmma::keep_fragments(a);
     wgmma::fence_operands(acc);
-    cp_async_wait_all();
-    __syncthreads();
 
-    // x = acc + bias + residual (rows past `rows`: bias alone, finite, never stored).
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const int col = 8 * j + 2 * t;
-      const float2 b = *reinterpret_cast<const float2*>(v_bias + col);
-      const float2 x0 = *reinterpret_cast<const float2*>(smem + T::kVecBytes + T::kWBytes +
-                                                         (size_t(rl0) * T::kSR + col) * 4);
-      const float2 x1 = *reinterpret_cast<const float2*>(smem + T::kVecBytes + T::kWBytes +
-                                                         (size_t(rl1) * T::kSR + col) * 4);
-      acc[j][0] += b.x + x0.x;
-      acc[j][1] += b.y + x0.y;
-      acc[j][2] += b.x + x1.x;
-      acc[j][3] += b.y + x1.y;
-    }
-    const int64_t r0 = row0 + rl0, r1 = row0 + rl1;
     const RowStats st = row_stats<NT, false>(acc, N, p.eps);
     if (!p.tail) {
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const int col = 8 * j + 2 * t;
-        if (r0 < rows) st_global_f32x2(p.x_out + r0 * N + col, acc[j][0], acc[j][1]);
-        if (r1 < rows) st_global_f32x2(p.x_out + r1 * N + col, acc[j][2], acc[j][3]);
-      }
-      __syncthreads();  // every residual read is done: U takes h
-      const uint32_t tile = s_u + uint32_t(warp * 16 * T::kSH) * 2u;
-      store_ln_f16<NT, T::kSH>(acc, st, v_lnw, v_lnb, tile, g, t);
-      __syncwarp();
-      constexpr int kChunks = N / 8;
-#pragma unroll 4
-      for (int i = lane; i < 16 * kChunks; i += 32) {
-        const int r = i / kChunks, c = (i - r * kChunks) * 8;
-        const int64_t row = row0 + warp * 16 + r;
-        if (row < rows) st_global_b32x4(p.h_out + row * N + c, ld_shared_v4(tile + uint32_t(r * T::kSH + c) * 2u));
+        const float2 w = *reinterpret_cast<const float2*>(v_lnw + col);
+        const float2 b = *reinterpret_cast<const float2*>(v_lnb + col);
+        if (r0 < rows) {
+          st_global_f32x2(p.x_out + r0 * N + col, acc[j][0] + c0, acc[j][1] + c0);
+          *reinterpret_cast<uint32_t*>(p.h_out + r0 * N + col) =
+              pack_half2(ln_value(acc[j][0], st, 0, w.x, b.x), ln_value(acc[j][1], st, 0, w.y, b.y));
+        }
+        if (r1 < rows) {
+          st_global_f32x2(p.x_out + r1 * N + col, acc[j][2] + c1, acc[j][3] + c1);
+          *reinterpret_cast<uint32_t*>(p.h_out + r1 * N + col) =
+              pack_half2(ln_value(acc[j][2], st, 1, w.x, b.x), ln_value(acc[j][3], st, 1, w.y, b.y));
+        }
       }
     } else {
       const TailRows d = tail_rows(p, r0, r1);
@@ -1632,7 +1635,6 @@ __global__ void __launch_bounds__(128, 1) gemm_ln_kernel(const GemmLnParams p) {
         }
       }
     }
-    __syncthreads();  // U is read (residual, h) before the next block's a rows land in it
   }
 }
 
@@ -2342,7 +2344,7 @@ void gemm_ln(const GemmLnParams& p, cudaStream_t stream) {
   constexpr int kN = 256, kK = 256;
   const int64_t blocks = (p.rows + GemmLnTile<kN, kK>::kRows - 1) / GemmLnTile<kN, kK>::kRows;
   const int grid = int(std::min<int64_t>(blocks, device_limits().sms));
-  launch_pdl(gemm_ln_kernel<kN, kK>, dim3(unsigned(grid)), dim3(128), GemmLnTile<kN, kK>::kSmem, stream, p);
+  launch_pdl(gemm_ln_kernel<kN, kK>, dim3(unsigned(grid)), dim3(256), GemmLnTile<kN, kK>::kSmem, stream, p);
 }
 
 }  // namespace hk::cuda

@@ -108,7 +108,7 @@ shape_args[d256]="--batch 3 --seq 33 --d-model 256 --heads 4 --ffn 256 --layers 
 shape_desc[d256]="S=33 D=F=256 hd=64 causal"
 shape_args[attn-big]="--batch 200 --seq 48 --d-model 128 --heads 4 --ffn 128 --layers 2 --causal 0 --lengths-list 0,1,S"
 shape_desc[attn-big]="S=48 D=F=128 hd=32, 200 sequences"
-for s in tiny mid long hd256 d100 small split split-big attn attn-big; do
+for s in tiny mid long hd256 d100 small split split-big attn attn-big d256; do
   # shellcheck disable=SC2086
   if ! "$bin/hk_generate" ${shape_args[$s]} --seed 11 --quiet --output "$work/in/$s.h5" >> "$log" 2>&1; then
     say "sanitize.sh: hk_generate failed for $s (${shape_args[$s]})"

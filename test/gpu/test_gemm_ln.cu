@@ -18,6 +18,7 @@
 //   - supports / name contracts and the argument checks.
 // Then timings (HK_TEST_NO_TIMING=1 skips them): graph replay of 20 launches, median of 30, per
 // launch, gemm_ln next to cuBLASLt (first algorithm, residual epilogue) + layer_norm at D = 256.
+// HK_TEST_PROFILE_ROWS=<rows>: five launches of gemm_ln at that size, nothing checked (a profiler's run).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -573,6 +574,27 @@ void timings(cudaStream_t s) {
   hk::cuda::lt::api().Destroy(lt);
 }
 
+// HK_TEST_PROFILE_ROWS=<rows>: five launches at that size and nothing else (for a profiler).
+void profile_launches(int64_t rows, cudaStream_t s) {
+  Dev a(size_t(rows) * kK * 2), w(size_t(kD) * kK * 2), v(kD * 4), x(size_t(rows) * kD * 4), h(size_t(rows) * kD * 2);
+  CHECK_CUDA(cudaMemset(a.p, 0, a.bytes));
+  CHECK_CUDA(cudaMemset(w.p, 0, w.bytes));
+  CHECK_CUDA(cudaMemset(v.p, 0, v.bytes));
+  CHECK_CUDA(cudaMemset(x.p, 0, x.bytes));
+  hk::cuda::GemmLnParams q;
+  q.a = a.as<const __half>();
+  q.w = w.as<const __half>();
+  q.bias = q.ln_w = q.ln_b = v.as<const float>();
+  q.x_in = x.as<const float>();
+  q.x_out = x.as<float>();
+  q.h_out = h.as<__half>();
+  q.rows = rows;
+  q.D = kD;
+  q.K = kK;
+  for (int i = 0; i < 5; ++i) hk::cuda::gemm_ln(q, s);
+  CHECK_CUDA(cudaStreamSynchronize(s));
+}
+
 }  // namespace
 
 int main() {
@@ -597,6 +619,11 @@ int main() {
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::mt19937_64 rng(20261201);
+  if (const char* pr = std::getenv("HK_TEST_PROFILE_ROWS"); pr && *pr) {
+    profile_launches(std::atoll(pr), stream);
+    CHECK_CUDA(cudaStreamDestroy(stream));
+    return 0;
+  }
   try {
     contracts(stream);
     non_tail_checks(rng, stream);
