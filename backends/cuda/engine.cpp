@@ -233,7 +233,8 @@ Routes routes_from_environment() {
   if (!algo.empty() && algo != "auto") r.pins["gemm_algo"] = algo;
   const std::string qkv_gemm = knob_choice("HK_QKV_GEMM", {"auto", "cublaslt", "mma"});
   if (qkv_gemm == "cublaslt" || qkv_gemm == "mma") r.pins["qkv_gemm"] = qkv_gemm;
-  const std::string chains = knob_choice("HK_CHAINS", {"auto", "off", "persistent", "post_attn_qkv", "attention_chain", "attention_model"});
+  const std::string chains = knob_choice("HK_CHAINS", {"auto", "off", "persistent", "post_attn_qkv", "attention_chain", "attention_model",
+                                                         "gemm_ln"});
   if (!chains.empty() && chains != "auto") r.pins["chains"] = chains;
   const std::string pack = knob_choice("HK_PACK", {"auto", "0", "1"});
   if (pack == "0" || pack == "1") r.pins["pack"] = pack;

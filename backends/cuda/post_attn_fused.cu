@@ -1481,48 +1481,57 @@ Variant pick_variant(int D, int F) {
 
 
 // ---- gemm_ln: one residual GEMM with the LayerNorm behind it (post_attn_fused.cuh) --------------
-// Two warpgroups per CTA share W [N][K], resident in the core-matrix layout; each group takes its
-// own 64-row blocks (a persistent loop; group q of CTA b starts at block q * grid + b). Warp w of a
-// group holds rows 16 w .. 16 w + 15 of its block in the m16n8 C layout (wgmma.cuh), so the row
-// statistics are row_stats' quad sums. Per block:
-//   the accumulators start at the residual rows (x_in, loaded into registers while the block's a
-//   rows land in the group's shared tile), relative to each row's first element c (as the chain
-//   keeps its residual: the products then round at the ulp of the row's spread, not of |x|), plus
-//   the bias; every A fragment into registers, the tile then takes the next block's a rows while
-//   the K / 16 products run; x_out = acc + c and h = fp16(LN(acc)) stored from the accumulators,
-//   or the tail's y.
+// A CTA of four warpgroups takes 64-row blocks (a persistent loop over them); W [N][K] stays
+// resident in the core-matrix layout. The groups split the columns: group q computes columns
+// [q N / 4, (q + 1) N / 4) of every row of the block (m64 x N/4 products, N/4 = 64 at N = 256), warp
+// w of a group rows 16 w .. 16 w + 15 in the m16n8 C layout (wgmma.cuh). So the per-row work after
+// the product (residual, LayerNorm, stores) is spread over 16 warps per SM instead of 4: with one
+// group per block that work, issued by one warp per scheduler, took most of the time. Per block:
+//   the residual rows straight into the accumulators (loaded while the block's a rows land in the
+//   shared tile), relative to each row's first element c (as the chain keeps its residual: the
+//   products then round at the ulp of the row's spread, not of |x|), plus the bias; the products
+//   (A fragments by ldmatrix from the tile, two batches of K / 32 steps); the tile then takes the
+//   next block's a rows; the row statistics as per-group partial sums over shared memory (the sum,
+//   then the centred squares: two CTA barriers); x_out = acc + c and h = fp16(LN(acc)) stored from
+//   the accumulators, or the tail's y.
 template <int N, int K>
 struct GemmLnTile {
   static constexpr int kRows = 64;
-  static constexpr int kGroups = 2;
-  static constexpr int kSA = K + 8;  // halves per a row in a group's tile: ldmatrix-conflict-free rows
+  static constexpr int kGroups = 4;
+  static constexpr int kNG = N / kGroups;  // columns per group
+  static constexpr int kSA = K + 8;        // halves per a row in the tile: ldmatrix-conflict-free rows
   static constexpr size_t kVecBytes = round_up(size_t(3) * N * 4, 128);
   static constexpr size_t kWBytes = size_t(N) * K * 2;
   static constexpr size_t kTileBytes = round_up(size_t(kRows) * kSA * 2, 128);
-  static constexpr size_t kSmem = kVecBytes + kWBytes + kGroups * kTileBytes;
-  static_assert(N % 16 == 0 && K % 16 == 0 && N <= 256, "wgmma n / k steps; the accumulators are N / 2 registers");
+  static constexpr size_t kStatBytes = size_t(2) * kGroups * kRows * 4;  // partial sums, centred squares
+  static constexpr size_t kSmem = kVecBytes + kWBytes + kTileBytes + kStatBytes;
+  static_assert(kNG == 64, "one m64n64 product per group and k step (N = 256)");
+  static_assert(K % 32 == 0, "two batches of k16 steps");
 };
 
 template <int N, int K>
-__global__ void __launch_bounds__(256, 1) gemm_ln_kernel(const GemmLnParams p) {
+__global__ void __launch_bounds__(512, 1) gemm_ln_kernel(const GemmLnParams p) {
   using T = GemmLnTile<N, K>;
-  constexpr int NT = N / 8, KS = K / 16, R = T::kRows;
+  constexpr int NG = T::kNG, NT = NG / 8, KS = K / 16, R = T::kRows, G = T::kGroups;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int q = warp >> 2, wq = warp & 3, gtid = tid & 127;
+  const int q = warp >> 2, wq = warp & 3;
   const int g = lane >> 2, t = lane & 3;
+  const int col0 = q * NG;
   const int64_t rows = p.rows;
 
   float* v_bias = reinterpret_cast<float*>(smem);
   float* v_lnw = v_bias + N;
   float* v_lnb = v_lnw + N;
   const uint32_t s_w = smem_u32(smem) + uint32_t(T::kVecBytes);
-  const uint32_t s_u = s_w + uint32_t(T::kWBytes) + uint32_t(q) * uint32_t(T::kTileBytes);
+  const uint32_t s_u = s_w + uint32_t(T::kWBytes);
+  float* st_sum = reinterpret_cast<float*>(smem + T::kVecBytes + T::kWBytes + T::kTileBytes);  // [G][R]
+  float* st_sq = st_sum + G * R;                                                                // [G][R]
 
   // Before the predecessor ends: the weights (one cp.async group) and the vectors.
-  copy_blocked<N, K>(s_w, p.w, K, N, K, tid, 256);
+  copy_blocked<N, K>(s_w, p.w, K, N, K, tid, 512);
   cp_async_commit();
-  for (int i = tid; i < N; i += 256) {
+  for (int i = tid; i < N; i += 512) {
     v_bias[i] = p.bias[i];
     v_lnw[i] = p.ln_w[i];
     v_lnb[i] = p.ln_b[i];
@@ -1532,35 +1541,27 @@ __global__ void __launch_bounds__(256, 1) gemm_ln_kernel(const GemmLnParams p) {
 
   auto load_a = [&](int64_t row0) {
     constexpr int kChunks = K / 8;
-    for (int i = gtid; i < R * kChunks; i += 128) {
+    for (int i = tid; i < R * kChunks; i += 512) {
       const int r = i / kChunks, c = (i - r * kChunks) * 8;
       const bool valid = row0 + r < rows;
       cp_async_16(s_u + uint32_t(r * T::kSA + c) * 2u, valid ? p.a + (row0 + r) * K + c : p.a, valid);
     }
     cp_async_commit();
   };
-  const int64_t nblk = (rows + R - 1) / R;
-  const int64_t stride = int64_t(T::kGroups) * gridDim.x;
-  int64_t blk = int64_t(q) * gridDim.x + blockIdx.x;
-  if (blk < nblk) load_a(blk * R);
-  cp_async_wait_all();
-  wgmma::fence_proxy_async_shared();  // the cp.async weights -> the tensor cores' reads
-  __syncthreads();                    // weights, vectors and each group's first a rows visible
-
-  // ldmatrix x4 lane address of A (rows 0-7 | 8-15) x (k 0-7 | 8-15) of this warp's 16 rows.
-  const uint32_t a_lane = s_u + uint32_t((wq * 16 + (lane & 15)) * T::kSA + (lane >> 4) * 8) * 2u;
-  const int leader = lane & ~3;
-#pragma unroll 1
-  for (; blk < nblk; blk += stride) {
-    const int64_t row0 = blk * R;
-    const int64_t r0 = row0 + wq * 16 + g, r1 = r0 + 8;
-    // The residual rows into the accumulators (zeros past `rows` or where x_rows says so).
+  // The group's residual columns of block b's rows into the accumulators, and each row's first
+  // element (zeros past `rows` or where x_rows says so): issued for the first block before the
+  // weights are waited for, for the next one after the stores of this one.
+  float acc[NT][4];
+  float c0 = 0.f, c1 = 0.f;
+  auto load_residual = [&](int64_t b) {
+    const int64_t r0 = b * R + wq * 16 + g, r1 = r0 + 8;
     const int64_t s0 = r0 >= rows ? -1 : (p.x_rows != nullptr ? int64_t(p.x_rows[uint32_t(r0)]) : r0);
     const int64_t s1 = r1 >= rows ? -1 : (p.x_rows != nullptr ? int64_t(p.x_rows[uint32_t(r1)]) : r1);
-    float acc[NT][4];
+    c0 = s0 >= 0 ? p.x_in[s0 * N] : 0.f;
+    c1 = s1 >= 0 ? p.x_in[s1 * N] : 0.f;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      const int col = 8 * j + 2 * t;
+      const int col = col0 + 8 * j + 2 * t;
       float2 x0 = make_float2(0.f, 0.f), x1 = x0;
       if (s0 >= 0) x0 = *reinterpret_cast<const float2*>(p.x_in + s0 * N + col);
       if (s1 >= 0) x1 = *reinterpret_cast<const float2*>(p.x_in + s1 * N + col);
@@ -1569,40 +1570,92 @@ __global__ void __launch_bounds__(256, 1) gemm_ln_kernel(const GemmLnParams p) {
       acc[j][2] = x1.x;
       acc[j][3] = x1.y;
     }
-    // c: the row's first element (column 0 sits in the quad leader's acc[0][0] / acc[0][2]).
-    const float c0 = __shfl_sync(0xffffffffu, acc[0][0], leader);
-    const float c1 = __shfl_sync(0xffffffffu, acc[0][2], leader);
+  };
+  const int64_t nblk = (rows + R - 1) / R;
+  int64_t blk = blockIdx.x;
+  if (blk < nblk) {
+    load_a(blk * R);
+    load_residual(blk);
+  }
+  // ldmatrix x4 lane address of A (rows 0-7 | 8-15) x (k 0-7 | 8-15) of this warp's 16 rows; the
+  // group's W rows start (col0 / 8) core-matrix rows into W.
+  const uint32_t a_lane = s_u + uint32_t((wq * 16 + (lane & 15)) * T::kSA + (lane >> 4) * 8) * 2u;
+  const uint32_t w_group = s_w + uint32_t(col0 / 8) * uint32_t(K / 8) * 128u;
+  const int rl0 = wq * 16 + g, rl1 = rl0 + 8;  // the thread's rows within the block
+  bool first = true;
+#pragma unroll 1
+  for (; blk < nblk; blk += gridDim.x) {
+    const int64_t row0 = blk * R;
+    const int64_t r0 = row0 + rl0, r1 = row0 + rl1;
+    cp_async_wait_all();
+    if (first) wgmma::fence_proxy_async_shared();  // the cp.async weights -> the tensor cores' reads
+    first = false;
+    __syncthreads();  // the block's a rows (and, first, the weights and vectors) from every thread
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      const float2 b = *reinterpret_cast<const float2*>(v_bias + 8 * j + 2 * t);
+      const float2 b = *reinterpret_cast<const float2*>(v_bias + col0 + 8 * j + 2 * t);
       acc[j][0] = (acc[j][0] - c0) + b.x;
       acc[j][1] = (acc[j][1] - c0) + b.y;
       acc[j][2] = (acc[j][2] - c1) + b.x;
       acc[j][3] = (acc[j][3] - c1) + b.y;
     }
-    cp_async_wait_all();
-    group_sync(1 + q, 128);  // the block's a rows, from every thread of the group
-    uint32_t a[KS][4];
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) ldsm_x4(a[ks], a_lane + uint32_t(ks) * 32u);
-    wgmma::fence_operands(acc);
-    wgmma::fence();
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      wgmma::mma_rs<N>(acc, a[ks], wgmma::desc_kmajor(s_w + uint32_t(ks) * 256u, 128, uint32_t(K) * 16u));
-    }
-    wgmma::commit();
-    group_sync(1 + q, 128);  // every warp's A fragments are in registers: the tile takes the next rows
-    if (blk + stride < nblk) load_a((blk + stride) * R);
-    wgmma::wait<0>();
-    wgmma::keep_fragments(a);
-    wgmma::fence_operands(acc);
+    wg_smem_a<NG, KS, KS / 2>(acc, a_lane, w_group, uint32_t(K) * 16u);
+    __syncthreads();  // every warp's A fragments are read: the tile takes the next block's rows
+    if (blk + gridDim.x < nblk) load_a((blk + gridDim.x) * R);
 
-    const RowStats st = row_stats<NT, false>(acc, N, p.eps);
+    // Row statistics of acc (the row shifted by c) over all N columns: partial sums per group.
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      s0 += acc[j][0] + acc[j][1];
+      s1 += acc[j][2] + acc[j][3];
+    }
+    quad_sum(s0, s1);
+    if (t == 0) {
+      st_sum[q * R + rl0] = s0;
+      st_sum[q * R + rl1] = s1;
+    }
+    __syncthreads();
+    RowStats st;
+    st.shift[0] = st.shift[1] = 0.f;
+    {
+      float m0 = 0.f, m1 = 0.f;
+#pragma unroll
+      for (int k = 0; k < G; ++k) {
+        m0 += st_sum[k * R + rl0];
+        m1 += st_sum[k * R + rl1];
+      }
+      st.mean[0] = m0 / float(N);
+      st.mean[1] = m1 / float(N);
+    }
+    float q0 = 0.f, q1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const float a = acc[j][0] - st.mean[0], b = acc[j][1] - st.mean[0];
+      const float c = acc[j][2] - st.mean[1], d = acc[j][3] - st.mean[1];
+      q0 += a * a + b * b;
+      q1 += c * c + d * d;
+    }
+    quad_sum(q0, q1);
+    if (t == 0) {
+      st_sq[q * R + rl0] = q0;
+      st_sq[q * R + rl1] = q1;
+    }
+    __syncthreads();
+    {
+      float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+      for (int k = 0; k < G; ++k) {
+        v0 += st_sq[k * R + rl0];
+        v1 += st_sq[k * R + rl1];
+      }
+      st.rstd[0] = rsqrtf(v0 / float(N) + p.eps);
+      st.rstd[1] = rsqrtf(v1 / float(N) + p.eps);
+    }
     if (!p.tail) {
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        const int col = 8 * j + 2 * t;
+        const int col = col0 + 8 * j + 2 * t;
         const float2 w = *reinterpret_cast<const float2*>(v_lnw + col);
         const float2 b = *reinterpret_cast<const float2*>(v_lnb + col);
         if (r0 < rows) {
@@ -1620,7 +1673,7 @@ __global__ void __launch_bounds__(256, 1) gemm_ln_kernel(const GemmLnParams p) {
       const TailRows d = tail_rows(p, r0, r1);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        const int col = 8 * j + 2 * t;
+        const int col = col0 + 8 * j + 2 * t;
         const float2 w = *reinterpret_cast<const float2*>(v_lnw + col);
         const float2 b = *reinterpret_cast<const float2*>(v_lnb + col);
         if (d.write[0]) {
@@ -1635,6 +1688,7 @@ __global__ void __launch_bounds__(256, 1) gemm_ln_kernel(const GemmLnParams p) {
         }
       }
     }
+    if (blk + gridDim.x < nblk) load_residual(blk + gridDim.x);
   }
 }
 
@@ -2344,7 +2398,7 @@ void gemm_ln(const GemmLnParams& p, cudaStream_t stream) {
   constexpr int kN = 256, kK = 256;
   const int64_t blocks = (p.rows + GemmLnTile<kN, kK>::kRows - 1) / GemmLnTile<kN, kK>::kRows;
   const int grid = int(std::min<int64_t>(blocks, device_limits().sms));
-  launch_pdl(gemm_ln_kernel<kN, kK>, dim3(unsigned(grid)), dim3(256), GemmLnTile<kN, kK>::kSmem, stream, p);
+  launch_pdl(gemm_ln_kernel<kN, kK>, dim3(unsigned(grid)), dim3(512), GemmLnTile<kN, kK>::kSmem, stream, p);
 }
 
 }  // namespace hk::cuda

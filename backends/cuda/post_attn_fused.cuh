@@ -228,13 +228,13 @@ const char* post_attn_model_name(int D, int F, int H);
 //   tail:     y = LN(x; ln) in fp32, zero on padded rows (x is not stored)
 // out_proj + ln2 (a = o, W = Wo, bias bo) and ffn_out + the next layer's ln1 or the final LayerNorm
 // (a = the GELU output f, W = Wf, bias bf): the fp32 x never makes the round trip between the
-// GEMM's epilogue and a LayerNorm kernel. Warpgroup MMAs (sm_90a): a CTA of two warpgroups keeps W
+// GEMM's epilogue and a LayerNorm kernel. Warpgroup MMAs (sm_90a): a CTA of four warpgroups keeps W
 // (D x K fp16: 128 KB at 256 x 256) resident in shared memory, staged before the kernel waits for
-// its predecessor; each group loops over 64-row blocks (a persistent grid of at most one CTA per
-// SM). Per block: the residual rows straight into the accumulators, a through a shared tile into
-// registers (A fragments; the tile then takes the next block's rows), the products, and the
-// LayerNorm on the accumulators (a row's statistics over the 4 lanes of a quad, fp32, as
-// post_attn_fused).
+// its predecessor, and loops over 64-row blocks (a persistent grid of at most one CTA per SM); the
+// groups split each block's columns, so the row-wise work after the product runs on 16 warps per
+// SM. Per block: the residual rows straight into the accumulators, a through a shared tile into
+// A fragments, the products, the LayerNorm statistics (fp32, per-group partial sums combined in
+// shared memory: the mean, then the centred squares) and the stores from the accumulators.
 struct GemmLnParams {
   const __half* a = nullptr;       // [rows, K], 16-byte aligned
   const __half* w = nullptr;       // [D, K] (nn.Linear [out, in]), 16-byte aligned
