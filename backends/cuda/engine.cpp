@@ -233,8 +233,7 @@ Routes routes_from_environment() {
   if (!algo.empty() && algo != "auto") r.pins["gemm_algo"] = algo;
   const std::string qkv_gemm = knob_choice("HK_QKV_GEMM", {"auto", "cublaslt", "mma"});
   if (qkv_gemm == "cublaslt" || qkv_gemm == "mma") r.pins["qkv_gemm"] = qkv_gemm;
-  const std::string chains = knob_choice("HK_CHAINS", {"auto", "off", "persistent", "post_attn_qkv", "attention_chain", "attention_model",
-                                                         "gemm_ln"});
+  const std::string chains = knob_choice("HK_CHAINS", {"auto", "off", "persistent", "post_attn_qkv", "attention_chain", "attention_model"});
   if (!chains.empty() && chains != "auto") r.pins["chains"] = chains;
   const std::string pack = knob_choice("HK_PACK", {"auto", "0", "1"});
   if (pack == "0" || pack == "1") r.pins["pack"] = pack;
@@ -426,8 +425,7 @@ struct CudaEngine::Impl {
   // stays, tuned or not (no persistent whole-model kernel in its place); attention_model: the
   // chains' whole-model kernel replaces the plan (decide_whole_model).
   bool pinned_chain_kernel() const {
-    return pin_chains == "post_attn_qkv" || pin_chains == "attention_chain" || pin_chains == "attention_model" ||
-           pin_chains == "gemm_ln";
+    return pin_chains == "post_attn_qkv" || pin_chains == "attention_chain" || pin_chains == "attention_model";
   }
   void decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ctx& c);
   void decide_graph(Plan& p, cudaGraphExec_t g, const Ctx& c);
@@ -1255,86 +1253,6 @@ void CudaEngine::Impl::build_table(Plan& p) {
         config_decision(self_index, &Plan::post_attn_qkv_configs, &Plan::post_attn_qkv_config,
                         &Plan::post_attn_qkv_decided, "post_attn_qkv.config"));
   };
-  // out_proj .. ln2 and ffn_out .. the next layer's ln1 (or .. final_ln): one residual GEMM with the
-  // LayerNorm behind it (gemm_ln: D = 256, where the whole chain streams its weights and loses to
-  // the separate kernels). Candidates against cuBLASLt's residual epilogue + the LayerNorm kernel;
-  // first when pinned (HK_CHAINS=gemm_ln). Not with the own kernels only (ffn_in has no own kernel).
-  if (!own_only && act == DType::f16) {
-    const int D = cfg.d_model, F = cfg.ffn_dim;
-    if (gemm_ln_supports(D, D)) {
-      Kernel<Ctx> k;
-      k.name = gemm_ln_name(D, D);
-      k.covers = [](const std::vector<Step>& st, size_t at, const Shape&) {
-        return match_chain(st, at, {StepKind::out_proj, StepKind::ln2});
-      };
-      k.run = [E, P, D](Ctx& c, const Step* first, int) {
-        const int l = first->layer;
-        const DeviceLayerWeights& w = E->weights->layer(l);
-        GemmLnParams q;
-        q.a = static_cast<const __half*>(E->buf.o);
-        q.w = static_cast<const __half*>(w.w_o);
-        q.bias = w.b_o;
-        // Layer 0 reads the caller's input: dense rows as they are, packed rows through row_dst
-        // (packed row -> input row), so the pack kernel need not copy the residual.
-        q.x_in = l == 0 ? c.x : E->buf.x;
-        if (l == 0 && P->packed) q.x_rows = E->buf.row_dst;
-        q.x_out = E->buf.x;
-        q.ln_w = w.ln2_w;
-        q.ln_b = w.ln2_b;
-        q.h_out = static_cast<__half*>(E->buf.h);
-        q.rows = P->T;
-        q.D = D;
-        q.K = D;
-        q.eps = E->eps;
-        gemm_ln(q, c.stream);
-      };
-      add(std::move(k), "gemm_ln", {"backends/cuda/post_attn_fused"});
-    } else {
-      p.chain_notes.push_back("gemm_ln (out_proj .. ln2): D " + std::to_string(D) +
-                              " not supported (D = 256, sm_90a code on compute capability 9.0)");
-    }
-    if (gemm_ln_supports(D, F)) {
-      Kernel<Ctx> k;
-      k.name = gemm_ln_name(D, F);
-      k.covers = [](const std::vector<Step>& st, size_t at, const Shape&) {
-        const int n = match_chain(st, at, {StepKind::ffn_out, StepKind::ln1});
-        return n ? n : match_chain(st, at, {StepKind::ffn_out, StepKind::final_ln});
-      };
-      k.run = [E, P, D, F](Ctx& c, const Step* first, int count) {
-        const int l = first->layer;
-        const DeviceLayerWeights& w = E->weights->layer(l);
-        GemmLnParams q;
-        q.a = static_cast<const __half*>(E->buf.f);
-        q.w = static_cast<const __half*>(w.w_out);
-        q.bias = w.b_out;
-        q.x_in = E->buf.x;
-        q.rows = P->T;
-        q.D = D;
-        q.K = F;
-        q.eps = E->eps;
-        if (first[count - 1].kind == StepKind::final_ln) {
-          q.tail = true;
-          q.ln_w = E->weights->final_w();
-          q.ln_b = E->weights->final_b();
-          q.y = c.y;
-          q.lengths = c.lengths;
-          q.S = E->S;
-          if (P->packed) q.row_dst = E->buf.row_dst;  // scatter; the padded rows are already zero
-        } else {
-          const DeviceLayerWeights& next = E->weights->layer(l + 1);
-          q.x_out = E->buf.x;
-          q.ln_w = next.ln1_w;
-          q.ln_b = next.ln1_b;
-          q.h_out = static_cast<__half*>(E->buf.h);
-        }
-        gemm_ln(q, c.stream);
-      };
-      add(std::move(k), "gemm_ln", {"backends/cuda/post_attn_fused"});
-    } else {
-      p.chain_notes.push_back("gemm_ln (ffn_out .. ln1 / final_ln): D " + std::to_string(D) + ", F " +
-                              std::to_string(F) + " not supported (D = F = 256, sm_90a code on compute capability 9.0)");
-    }
-  }
   if (pin_chains == "post_attn_qkv") add_qkv_chain();
   // out_proj .. next layer's ln1 (or .. final_ln in the last layer): one kernel per layer.
   if (post_attn_fused_supports(cfg.d_model, cfg.ffn_dim)) {
@@ -1744,16 +1662,14 @@ void CudaEngine::Impl::run_inner(Plan& p, const PlannedKernel<Ctx>& k, Ctx& c) {
 }
 
 // HK_CHAINS=post_attn_qkv: the option of `seg` that starts with that chain, else -1.
-// HK_CHAINS=gemm_ln: the option that starts with a residual GEMM + LayerNorm kernel, else -1.
 // HK_CHAINS=attention_chain: the option starting with the attention chain that also runs the layer's
 // ln1 and QKV projection, else the one with the next layer's QKV projection, else the one ending at
 // ln1 / final_ln, else -1.
 int CudaEngine::Impl::pinned_option(const Plan& p, const tune::Segment<Ctx>& seg) const {
   if (!pinned_chain_kernel() || pin_chains == "attention_model") return -1;  // the latter: a whole-model kernel
-  const std::vector<std::string> ids =
-      pin_chains == "post_attn_qkv" ? std::vector<std::string>{"post_attn_qkv"}
-      : pin_chains == "gemm_ln"     ? std::vector<std::string>{"gemm_ln"}
-                                    : std::vector<std::string>{"attn_front", "attn_post_attn_qkv", "attn_post_attn"};
+  const std::vector<std::string> ids = pin_chains == "post_attn_qkv"
+                                           ? std::vector<std::string>{"post_attn_qkv"}
+                                           : std::vector<std::string>{"attn_front", "attn_post_attn_qkv", "attn_post_attn"};
   for (const std::string& id : ids)
     for (size_t i = 0; i < seg.options.size(); ++i)
       if (p.meta[p.index_of(seg.options[i].kernels.front().kernel)].id == id) return int(i);
@@ -1832,7 +1748,7 @@ void CudaEngine::Impl::finish_plan(Plan& p) const {
       if (size_t(k.first) > i || size_t(k.first + k.count) <= i) continue;
       const bool tail = steps[size_t(k.first + k.count) - 1].kind == StepKind::final_ln;
       const std::string& id = p.meta[p.index_of(k.kernel)].id;
-      p.pack_x = !((id == "post_attn" || id == "post_attn_qkv" || id == "gemm_ln") && !tail);
+      p.pack_x = !((id == "post_attn" || id == "post_attn_qkv") && !tail);
     }
   }
 }

@@ -221,51 +221,6 @@ void post_attn_model(const PostAttnModelParams& p, cudaStream_t stream);
 // "hk::model[cuda.attn_chain.d128]" / "...d64]"; "" if not instantiated for (D, F, H).
 const char* post_attn_model_name(int D, int F, int H);
 
-// ---- One residual GEMM with the LayerNorm behind it, for models whose whole chain does not pay ----
-// (D = 256: the chain streams 384 KB of weights per row block and loses to the separate kernels.)
-//   x = x_in + a W^T + bias                     (fp32 residual; fp16 a and W, fp32 accumulation)
-//   non-tail: x_out = x, h_out = fp16(LN(x; ln))
-//   tail:     y = LN(x; ln) in fp32, zero on padded rows (x is not stored)
-// out_proj + ln2 (a = o, W = Wo, bias bo) and ffn_out + the next layer's ln1 or the final LayerNorm
-// (a = the GELU output f, W = Wf, bias bf): the fp32 x never makes the round trip between the
-// GEMM's epilogue and a LayerNorm kernel. Warpgroup MMAs (sm_90a): a CTA of four warpgroups keeps W
-// (D x K fp16: 128 KB at 256 x 256) resident in shared memory, staged before the kernel waits for
-// its predecessor, and loops over 64-row blocks (a persistent grid of at most one CTA per SM); the
-// groups split each block's columns, so the row-wise work after the product runs on 16 warps per
-// SM. Per block: the residual rows straight into the accumulators, a through a shared tile into
-// A fragments, the products, the LayerNorm statistics (fp32, per-group partial sums combined in
-// shared memory: the mean, then the centred squares) and the stores from the accumulators.
-struct GemmLnParams {
-  const __half* a = nullptr;       // [rows, K], 16-byte aligned
-  const __half* w = nullptr;       // [D, K] (nn.Linear [out, in]), 16-byte aligned
-  const float* bias = nullptr;     // [D]
-  const float* x_in = nullptr;     // [*, D] residual rows, 16-byte aligned; may be x_out (in place)
-  // Row x_rows[r] of x_in holds row r's residual (< 0: zeros); null: row r. Not with the tail.
-  const int32_t* x_rows = nullptr;
-  float* x_out = nullptr;          // [rows, D] non-tail, 8-byte aligned
-  const float* ln_w = nullptr;     // [D]
-  const float* ln_b = nullptr;     // [D]
-  __half* h_out = nullptr;         // [rows, D] non-tail, 16-byte aligned
-  float* y = nullptr;              // tail: [rows, D] (or the scatter target of row_dst), 8-byte aligned
-  const int32_t* lengths = nullptr;  // tail, dense rows: row r is valid iff r % S < lengths[r / S]
-  int S = 1;
-  const int32_t* row_dst = nullptr;  // tail, packed rows: y row of row r (< 0: not written)
-  bool tail = false;
-  int64_t rows = 0;
-  int D = 0;
-  int K = 0;
-  float eps = 1e-5f;
-};
-// True where this build and device run (D, K): D = K = 256 on compute capability 9.0 with the
-// sm_90a code built (also raises the kernel's shared-memory limit once per process).
-bool gemm_ln_supports(int D, int K);
-// Launches on `stream` (no synchronisation, no allocation, graph-capturable, programmatic
-// dependent launch). Throws std::invalid_argument for unsupported shapes, null or misaligned
-// pointers, or rows >= 2^31. rows == 0 launches nothing.
-void gemm_ln(const GemmLnParams& p, cudaStream_t stream);
-// "hk::gemm_ln[cuda.wgmma.d256.k256]"; "" where unsupported.
-const char* gemm_ln_name(int D, int K);
-
 // Profiler name of the kernel (D, F) runs on, e.g. "hk::post_attn[cuda.fused.d128]",
 // "hk::post_attn[cuda.fused.d256.stream]", "hk::post_attn[cuda.fused.pad128]"; "" if unsupported.
 const char* post_attn_fused_name(int D, int F);

@@ -11,8 +11,6 @@
 #   post_attn_qkv, post_attn_qkv-pack1   HK_CHAINS=post_attn_qkv (HK_TUNE=0), dense and HK_PACK=1 (D = F = 128 input)
 #   attention_chain   HK_CHAINS=attention_chain (HK_TUNE=0): the chain with the attention in front (S = 48 inputs)
 #   attention_model   HK_CHAINS=attention_model (HK_TUNE=0): those chains as one whole-model kernel (S = 48 inputs)
-#   gemm_ln, gemm_ln-pack1   HK_CHAINS=gemm_ln (HK_TUNE=0), dense and HK_PACK=1: one residual GEMM + LayerNorm
-#                kernel per out_proj + ln2 and ffn_out + ln1 / final LN (D = F = 256 inputs)
 #   graph0       HK_GRAPH=0: eager launches
 #   pack1, pack1-tune1   HK_PACK=1: padding-free (packed) forward, untuned and tuned
 #   fp32, fp32-tune1     --precision fp32
@@ -103,12 +101,9 @@ shape_desc[split-big]="S=33 D=F=128 hd=32 causal, 9900 rows"
 # the grid over the sequences.
 shape_args[attn]="--batch 5 --seq 48 --d-model 128 --heads 4 --ffn 128 --layers 3 --causal 1 --lengths-list 0,1,S"
 shape_desc[attn]="S=48 D=F=128 hd=32 causal"
-# gemm_ln's shape (D = F = 256): 3 x 33 rows (one 64-row block with rows past the end; packed, fewer).
-shape_args[d256]="--batch 3 --seq 33 --d-model 256 --heads 4 --ffn 256 --layers 2 --causal 1 --lengths-list 0,1,S"
-shape_desc[d256]="S=33 D=F=256 hd=64 causal"
 shape_args[attn-big]="--batch 200 --seq 48 --d-model 128 --heads 4 --ffn 128 --layers 2 --causal 0 --lengths-list 0,1,S"
 shape_desc[attn-big]="S=48 D=F=128 hd=32, 200 sequences"
-for s in tiny mid long hd256 d100 small split split-big attn attn-big d256; do
+for s in tiny mid long hd256 d100 small split split-big attn attn-big; do
   # shellcheck disable=SC2086
   if ! "$bin/hk_generate" ${shape_args[$s]} --seed 11 --quiet --output "$work/in/$s.h5" >> "$log" 2>&1; then
     say "sanitize.sh: hk_generate failed for $s (${shape_args[$s]})"
@@ -139,8 +134,6 @@ route_env[post_attn_qkv-pack1]="HK_TUNE=0 HK_CHAINS=post_attn_qkv HK_PACK=1"
 route_opt[post_attn_qkv-pack1]="--precision fast"
 route_env[attention_chain]="HK_TUNE=0 HK_CHAINS=attention_chain"; route_opt[attention_chain]="--precision fast"
 route_env[attention_model]="HK_TUNE=0 HK_CHAINS=attention_model"; route_opt[attention_model]="--precision fast"
-route_env[gemm_ln]="HK_TUNE=0 HK_CHAINS=gemm_ln";                 route_opt[gemm_ln]="--precision fast"
-route_env[gemm_ln-pack1]="HK_TUNE=0 HK_CHAINS=gemm_ln HK_PACK=1"; route_opt[gemm_ln-pack1]="--precision fast"
 route_env[materialized]="HK_TUNE=0 HK_ATTENTION=materialized";       route_opt[materialized]="--precision fast"
 route_env[fp32]="HK_TUNE=0";                                       route_opt[fp32]="--precision fp32"
 route_env[fp32-tune1]="HK_TUNE=1 HK_TUNE_CACHE=off HK_TUNE_VERBOSE=1"
@@ -164,10 +157,6 @@ for tool in memcheck racecheck synccheck initcheck; do
   add $tool attention_chain attn
   add $tool attention_model attn
   add $tool tune1 attn
-  # One residual GEMM + LayerNorm (D = F = 256), pinned, dense and packed, and tuned on its shape.
-  add $tool gemm_ln d256
-  add $tool gemm_ln-pack1 d256
-  add $tool tune1 d256
 done
 for tool in memcheck racecheck synccheck initcheck; do
   for r in $all_routes; do add $tool "$r" tiny; done

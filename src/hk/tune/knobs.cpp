@@ -41,7 +41,7 @@ const std::vector<Knob>& knobs() {
        "QKV projection GEMM (fast precision, D a multiple of 32 up to 256): cublaslt = cuBLASLt (the untuned "
        "default), mma = the own mma.sync kernel launched with programmatic dependent launch (its tile width "
        "measured when tuning). auto: measured beside cuBLASLt's algorithms."},
-      {"HK_CHAINS", "auto|off|persistent|post_attn_qkv|attention_chain|attention_model|gemm_ln", "auto", "cuda",
+      {"HK_CHAINS", "auto|off|persistent|post_attn_qkv|attention_chain|attention_model", "auto", "cuda",
        "Fused chain kernels (several steps in one kernel). off: single-step kernels only. auto: a chain is kept "
        "where it measures faster than the kernels it replaces (untuned: the table's first kernel), and the "
        "whole-model persistent kernels (D, F <= 128, S <= 128: a warp per row tile, or a CTA per sequence "
@@ -58,10 +58,7 @@ const std::vector<Knob>& knobs() {
        "attention_model: the whole forward in one kernel, those attention chains layer after layer on the "
        "same thread-block clusters with the residual kept on chip (the same limits, 2 to 8 layers), tuned or "
        "not; tuned, it is a whole-model candidate beside the persistent kernels where a dense plan has at most "
-       "16 row blocks per SM. "
-       "gemm_ln: out_proj + ln2 and ffn_out + the next layer's ln1 (or the final LayerNorm) each as one residual "
-       "GEMM with its LayerNorm (fast precision, D = F = 256, sm_90a code on compute capability 9.0) wherever it "
-       "applies, tuned or not; tuned, a candidate against cuBLASLt's residual epilogue and the LayerNorm kernel."},
+       "16 row blocks per SM."},
       {"HK_LIBRARIES", "auto|all|own", "auto", "cuda",
        "Vendor libraries as routes (fast precision). all: cuBLASLt GEMMs (and cuDNN attention where tuning may "
        "pick it) are candidates or defaults as described above. own: hk's own kernels only (the mma QKV "
