@@ -11,11 +11,20 @@
 //   multicast  the same, but each of the cluster's C CTAs copies 1/C of the unit into every CTA's
 //              slot (.multicast::cluster: one L2 read per byte for the whole cluster); a slot is
 //              reused only after every CTA has released it (remote mbarrier arrivals)
+//   cpasync    every thread copies its 64 bytes of the unit into shared memory with 16-byte
+//              cp.async (consecutive chunks: 512 contiguous bytes per warp instruction), waits, and
+//              reads them back after a CTA barrier
+//   cpblocked  the same with the chunks in the order of the resident-weight kernels' copy into the
+//              wgmma core-matrix layout (post_attn_fused.cu copy_blocked, the unit as [64][256]
+//              halves: 8 rows x 64 bytes per warp instruction)
+// Cluster counts: 1 and 8 clusters, and the whole chip (SMs / C clusters, argument 0), where every SM
+// reads the same weights at once as a persistent kernel's CTAs do in their prologue.
 // Reported: bytes each SM received per second and per clock (the SM clock from the device).
 // Built for sm_90a only (.multicast::cluster is optimised for the arch-specific target).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -30,7 +39,7 @@ constexpr int kUnit = 32 * 1024;
 constexpr int kUnitsPerLayer = 6;
 constexpr int kLayerBytes = kUnit * kUnitsPerLayer;
 
-enum Method : int { ldg = 0, bulk = 1, multicast = 2 };
+enum Method : int { ldg = 0, bulk = 1, multicast = 2, cpasync = 3, cpblocked = 4 };
 
 using namespace hk::cuda::ptx;
 
@@ -74,6 +83,29 @@ __global__ void __launch_bounds__(kThreads, 1)
         acc ^= v.x ^ v.y ^ v.z ^ v.w;
       }
       __syncthreads();
+    }
+  } else if (method == cpasync || method == cpblocked) {
+    for (int u = 0; u < units; ++u) {
+      const char* src = unit_src(u);
+      const uint32_t slot = slot0 + uint32_t(u & 1) * kUnit;
+#pragma unroll
+      for (int k = 0; k < kUnit / 16 / kThreads; ++k) {
+        const int i = tid + k * kThreads;
+        // cpblocked: chunk i of the core-matrix layout holds row r, 16-byte column kc of [64][256] halves
+        constexpr int kChunks = 256 / 8;
+        const int r = (i / (8 * kChunks)) * 8 + (i & 7), kc = (i >> 3) % kChunks;
+        const int from = method == cpasync ? i * 16 : r * 512 + kc * 16;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(slot + uint32_t(i) * 16u), "l"(src + from)
+                     : "memory");
+      }
+      asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+      __syncthreads();
+      const uint4* p = reinterpret_cast<const uint4*>(smem + (u & 1) * kUnit);
+#pragma unroll
+      for (int i = 0; i < kUnit / 16 / kThreads; ++i) {
+        const uint4 v = p[tid + i * kThreads];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+      }
     }
   } else {
     if (tid == 0) {
@@ -127,7 +159,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 void BM_Intake(benchmark::State& state) {
-  const int method = int(state.range(0)), C = int(state.range(1)), clusters = int(state.range(2));
+  const int method = int(state.range(0)), C = int(state.range(1));
+  int clusters = int(state.range(2));
+  if (clusters == 0) {  // the whole chip: as many clusters of C as the SMs hold
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    clusters = std::max(1, sms / C);
+  }
   const int layers = 4, reps = 40;
   static uint4* w = nullptr;
   static unsigned* sink = nullptr;
@@ -185,15 +223,19 @@ void BM_Intake(benchmark::State& state) {
   state.counters["us/layer"] = benchmark::Counter(double(reps) * layers * 1e-6,
                                                   benchmark::Counter::kIsIterationInvariantRate |
                                                       benchmark::Counter::kInvert);
-  state.SetLabel(std::string(method == ldg ? "ldg" : method == bulk ? "bulk" : "multicast") + " C=" +
+  const char* names[] = {"ldg", "bulk", "multicast", "cpasync", "cpblocked"};
+  state.SetLabel(std::string(names[method]) + " C=" +
                  std::to_string(C) + " clusters=" + std::to_string(clusters));
 }
 
 void args(benchmark::internal::Benchmark* b) {
-  for (int clusters : {1, 8})
+  for (int clusters : {1, 8, 0})  // 0: the whole chip
     for (int C : {1, 2, 4, 8})
-      for (int m : {int(ldg), int(bulk), int(multicast)})
-        if (m != multicast || C > 1) b->Args({m, C, clusters});
+      for (int m : {int(ldg), int(bulk), int(multicast), int(cpasync), int(cpblocked)}) {
+        if (m == multicast && C == 1) continue;
+        if ((m == cpasync || m == cpblocked) && C > 1) continue;  // no cluster traffic: C = 1 says it all
+        b->Args({m, C, clusters});
+      }
 }
 BENCHMARK(BM_Intake)->Apply(args)->UseManualTime()->Iterations(20)->Unit(benchmark::kMicrosecond);
 
