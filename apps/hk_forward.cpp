@@ -657,6 +657,16 @@ int run(const Options& o, int* argc, char*** argv) {
     Span span(tr, "commit (fsync, rename)");
     out->commit();
     commit_s = std::chrono::duration<double>(clock::now() - t_commit).count();
+  } catch (const hk::CollectiveError& e) {
+    // Every rank failed here with this message (a collective step: the output's creation): one
+    // line for the job, from rank 0, and every rank leaves with status 1 (no MPI_Abort needed).
+    {
+      std::lock_guard<std::mutex> lock(out_m);
+      if (out) out->discard();
+    }
+    print_failure_stats();
+    if (job.rank() == 0) hk::app::report_error(kProgram, e.what());
+    throw hk::app::AgreedFailure{1};
   } catch (const std::bad_alloc&) {
     if (job.mpi()) fatal("out of memory (a smaller --batch-chunk or --mem-cap needs less)");
     print_failure_stats();

@@ -12,4 +12,12 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The same failure on every process of a collective step (an MPI job's output creation, say):
+// every rank throws it with the same message, so a program reports it once for the job and every
+// rank ends with the same status, instead of each rank printing it and ending the job on its own.
+class CollectiveError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace hk

@@ -130,7 +130,7 @@ ParallelOutputFile::ParallelOutputFile(const std::string& path, int64_t B, int S
   // it): a rank that cannot (a node with another view of the directory, a read-only mount,
   // permissions) would otherwise fail inside the collective MPI-IO create while the other ranks
   // wait there for it (the job hung, the file left behind). The first failing rank and its reason
-  // reach every rank, which all fail with the same message; rank 0 removes what it created.
+  // reach every rank, which all throw the same CollectiveError; rank 0 removes what it created.
   {
     auto [who, code] = first_failure(rank == 0 ? open_errno(m.temp, O_WRONLY | O_CREAT | O_TRUNC) : 0, comm);
     if (who < 0) std::tie(who, code) = first_failure(rank == 0 ? 0 : open_errno(m.temp, O_WRONLY), comm);
@@ -140,8 +140,12 @@ ParallelOutputFile::ParallelOutputFile(const std::string& path, int64_t B, int S
       int size = 1;
       MPI_Comm_size(comm, &size);
       impl_.reset();
-      fail(path, "/", "cannot create the temporary output file " + path + ".tmp.*" +
-                          (size > 1 ? " on rank " + std::to_string(who) : std::string()) + " (" + std::strerror(code) + ")");
+      try {
+        fail(path, "/", "cannot create the temporary output file " + path + ".tmp.*" +
+                            (size > 1 ? " on rank " + std::to_string(who) : std::string()) + " (" + std::strerror(code) + ")");
+      } catch (const Error& e) {
+        throw CollectiveError(e.what());  // every rank, the same message: the job reports it once
+      }
     }
   }
   try {
