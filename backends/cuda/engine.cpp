@@ -2059,8 +2059,15 @@ void CudaEngine::Impl::warm_up(Plan& p, const Ctx& c, cudaStream_t caller_stream
   if (!p.planned) {
     const auto t0 = std::chrono::steady_clock::now();
     const size_t before = p.decisions.size();
-    choose_plan(p, w);
-    if (routes.tune) {
+    // HK_CHAINS=persistent / attention_model where a whole-model kernel takes the model: it replaces
+    // the per-layer plan outright (decide_whole_model), so none of that plan's decisions is measured.
+    const bool whole_pinned = (pin_chains == "persistent" || pin_chains == "attention_model") && !p.whole_models.empty();
+    if (whole_pinned) {
+      p.planned = true;
+    } else {
+      choose_plan(p, w);
+    }
+    if (routes.tune && !whole_pinned) {
       if (aliased)  // the plan's own run overwrote x: the chain decision needs the input
         HK_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(c.x), alias_scratch.get(), x_bytes,
                                       cudaMemcpyDeviceToDevice, capture_stream));

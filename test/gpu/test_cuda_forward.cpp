@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -727,6 +728,30 @@ int run_attention_chain_case(const Case& c, bool whole_model = false) {
         t.row(round == 0 ? "device, in place" : "device, in place, new lengths", "ratio " + fmt("%.3g", ri),
               ri <= 1.0 && padded_rows_zero(c, yi, lengths));
       }
+    }
+    if (whole_model) {
+      // Tuned with the pin: the one kernel again, within budget, and none of the per-layer plan's
+      // decisions measured (that plan is replaced: at most the graph-or-eager decision is).
+      Routes rt;
+      rt.pins["chains"] = "attention_model";
+      rt.pins["pack"] = "0";
+      rt.tune = true;
+      auto et = run.engine(Precision::fast, rt);
+      std::vector<int32_t> lengths = make_lengths(c, seed);
+      if (lengths.empty()) lengths.assign(size_t(c.B), c.S);
+      const std::vector<double> ref =
+          hk::test::naive_forward(run.model, std::vector<double>(x1.begin(), x1.end()), c.B, c.S, lengths);
+      std::vector<float> yt(n, NAN);
+      et->forward(x1.data(), lengths.data(), c.B, yt.data());
+      const double rt_ratio = hk::test::budget_ratio(yt.data(), ref);
+      const int models = count(et->explain_last(c.B), "hk::model[cuda.attn_chain.d");
+      const std::string stats = et->stats();
+      const size_t at = stats.find("decisions_measured=");
+      const int measured = at == std::string::npos ? -1 : std::atoi(stats.c_str() + at + 19);
+      t.row("tuned, pinned", "ratio " + fmt("%.3g", rt_ratio) + ", " + std::to_string(measured) + " measured",
+            rt_ratio <= 1.0 && padded_rows_zero(c, yt, lengths) && models == (want > 0 ? 1 : 0) &&
+                (want == 0 || (measured >= 0 && measured <= 1)),
+            "expected the one kernel and at most the graph decision measured");
     }
   } catch (const hk::Error& err) {
     t.row(whole_model ? "attention_model" : "attention_chain", "threw", false, err.what());
