@@ -1052,30 +1052,25 @@ void CudaEngine::Impl::build_table(Plan& p) {
 
   // LayerNorm launch shape: rows (warps) per block of the warp-per-row kernel, 4 by default; 8
   // and 2 as measured alternatives (more rows per block: fewer blocks to schedule; fewer: more
-  // blocks resident per SM); and 2 or 4 rows per warp with their loads issued together (one row
-  // per warp leaves the kernel latency-bound where rows are short). Not for layer 0's ln1 of a
-  // padding-free plan (the packing kernel).
+  // blocks resident per SM). Not for layer 0's ln1 of a padding-free plan (the packing kernel).
   if (routes.tune && std::string(row_norm_variant(D)) == "cuda.warp") {
-    auto ln_shape = [&](int rpb, int rpw, const std::string& id) {
+    for (int rpb : {8, 2}) {
       Kernel<Ctx> k;
-      k.name = ln + "." + id;
+      k.name = ln + ".r" + std::to_string(rpb);
       k.covers = [P](const std::vector<Step>& st, size_t at, const Shape&) {
         const Step& s = st[at];
         if (s.kind == StepKind::ln2) return 1;
         return s.kind == StepKind::ln1 && !(P->packed && s.layer == 0) ? 1 : 0;
       };
-      k.run = [E, P, D, rpb, rpw](Ctx& c, const Step* s, int) {
+      k.run = [E, P, D, rpb](Ctx& c, const Step* s, int) {
         const DeviceLayerWeights& w = E->weights->layer(s->layer);
         const bool first = s->kind == StepKind::ln1;
         const float* src = first && s->layer == 0 ? c.x : E->buf.x;
         layer_norm(src, E->buf.h, E->act, first ? w.ln1_w : w.ln2_w, first ? w.ln1_b : w.ln2_b, P->T, D, E->eps,
-                   c.stream, rpb, rpw);
+                   c.stream, rpb);
       };
-      add(std::move(k), "ln." + id, ln_src);
-    };
-    for (int rpb : {8, 2}) ln_shape(rpb, 1, "r" + std::to_string(rpb));
-    for (int rpw : {2, 4})
-      if (layer_norm_rows_per_warp_ok(D, rpw)) ln_shape(0, rpw, "w" + std::to_string(rpw));
+      add(std::move(k), "ln.r" + std::to_string(rpb), ln_src);
+    }
   }
 
   // ---- the whole forward in one kernel (small models): a plan-level candidate, decided after the

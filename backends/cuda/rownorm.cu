@@ -57,7 +57,6 @@ struct RowNormArgs {
   int32_t* overflow = nullptr;
   int32_t* row_dst = nullptr;  // pack: written; final_packed: read
   int rows_per_block = 0;      // warp-per-row launches: rows (warps) per block, 0 = default
-  int rows_per_warp = 1;       // plain mode, 16-byte loads: rows each warp takes (plain_rows_kernel)
 };
 
 template <int VEC>
@@ -389,33 +388,6 @@ __global__ void __launch_bounds__(kWarp * kMaxWarpRowsPerBlock) pack_rows_kernel
   }
 }
 
-// The plain LayerNorm with R consecutive rows per warp (16-byte loads, D <= 32 * 4 * NV): the loads
-// of all R rows issue together, then the rows are normalised one by one. One row per warp leaves
-// each warp a single round trip of loads before its reductions, and at D = 256 the kernel moved
-// ~2 TB/s (ncu, H200): latency, not bandwidth. The same arithmetic as row_norm_kernel (the shift is
-// the row's first element, lane 0's first value), so the same bits.
-template <class OutT, int NV, int R>
-__global__ void __launch_bounds__(kWarp * kMaxWarpRowsPerBlock) plain_rows_kernel(const RowNormArgs a) {
-  constexpr int VEC = 4, TPR = kWarp;
-  ptx::pdl_launch_dependents();
-  ptx::pdl_wait();  // launch_pdl: every input comes from earlier work of the stream
-  const int lane = int(threadIdx.x & (kWarp - 1));
-  const int64_t item0 = (int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp) * R;
-  if (item0 >= a.rows) return;  // uniform per warp
-  const int D = a.D;
-  OutT* const out = static_cast<OutT*>(a.out);
-  float v[R][NV][VEC];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-    if (item0 + r < a.rows) load_row<VEC, NV, TPR>(v[r], a.x + (item0 + r) * D, D, lane);
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (item0 + r >= a.rows) break;  // uniform per warp
-    const float shift = __shfl_sync(0xffffffffu, v[r][0][0], 0);  // x[0] of the row (lane 0, col 0)
-    normalize_row<OutT, VEC, NV, TPR>(v[r], shift, a, out + (item0 + r) * D, lane);
-  }
-}
-
 // Rows wider than the register budget: one block per row, three passes over the row in memory
 // (mostly L1/L2 hits after the first).
 template <class OutT, Mode M>
@@ -479,27 +451,6 @@ void dispatch(const RowNormArgs& a, cudaStream_t s) {
   if (a.rows <= 0) return;
   if (a.D < 1) throw CudaError("row kernel: D < 1");
   const RowNormLaunch l = choose_row_norm_launch(a.D);
-  if constexpr (M == Mode::plain) {
-    if (a.rows_per_warp > 1) {  // checked by layer_norm: 16-byte loads, per_thread * 4 * rows_per_warp <= 64
-      const int rpb = a.rows_per_block > 0 ? a.rows_per_block : kWarpRowsPerBlock;
-      const int64_t warps = (a.rows + a.rows_per_warp - 1) / a.rows_per_warp;
-      const dim3 grid(grid_for((warps + rpb - 1) / rpb)), block(kWarp * rpb);
-      const int key = l.per_thread * 10 + a.rows_per_warp;
-      switch (key) {
-        case 12: launch_pdl(plain_rows_kernel<OutT, 1, 2>, grid, block, 0, s, a); break;
-        case 14: launch_pdl(plain_rows_kernel<OutT, 1, 4>, grid, block, 0, s, a); break;
-        case 22: launch_pdl(plain_rows_kernel<OutT, 2, 2>, grid, block, 0, s, a); break;
-        case 24: launch_pdl(plain_rows_kernel<OutT, 2, 4>, grid, block, 0, s, a); break;
-        case 42: launch_pdl(plain_rows_kernel<OutT, 4, 2>, grid, block, 0, s, a); break;
-        case 44: launch_pdl(plain_rows_kernel<OutT, 4, 4>, grid, block, 0, s, a); break;
-        case 82: launch_pdl(plain_rows_kernel<OutT, 8, 2>, grid, block, 0, s, a); break;
-        default: throw CudaError("layer_norm: no " + std::to_string(a.rows_per_warp) + "-rows-per-warp kernel for D = " +
-                                 std::to_string(a.D));
-      }
-      HK_CUDA_CHECK_LAUNCH();
-      return;
-    }
-  }
   if constexpr (M == Mode::pack) {
     if (l.threads_per_row == kWarp && l.vec == 4 && l.per_thread <= 2) {
       const int rpb = a.rows_per_block > 0 ? a.rows_per_block : kWarpRowsPerBlock;
@@ -661,24 +612,13 @@ const char* row_norm_variant(int D) {
   }
 }
 
-bool layer_norm_rows_per_warp_ok(int D, int rows_per_warp) {
-  if (rows_per_warp == 1) return true;
-  if (rows_per_warp != 2 && rows_per_warp != 4) return false;
-  const RowNormLaunch l = choose_row_norm_launch(D);
-  return l.threads_per_row == kWarp && l.vec == 4 && l.per_thread * 4 * rows_per_warp <= 64;
-}
-
 void layer_norm(const float* x, void* out, DType out_type, const float* w, const float* b,
-                int64_t rows, int D, float eps, cudaStream_t stream, int rows_per_block, int rows_per_warp) {
+                int64_t rows, int D, float eps, cudaStream_t stream, int rows_per_block) {
   if (rows_per_block != 0 && (rows_per_block < 1 || rows_per_block > kMaxWarpRowsPerBlock))
     throw CudaError("layer_norm: rows_per_block " + std::to_string(rows_per_block) + " outside 1.." +
                     std::to_string(kMaxWarpRowsPerBlock));
-  if (!layer_norm_rows_per_warp_ok(D, rows_per_warp))
-    throw CudaError("layer_norm: rows_per_warp " + std::to_string(rows_per_warp) + " not available at D = " +
-                    std::to_string(D));
   RowNormArgs a;
   a.rows_per_block = rows_per_block;
-  a.rows_per_warp = rows_per_warp;
   a.x = x;
   a.out = out;
   a.w = w;

@@ -40,13 +40,8 @@ const char* row_norm_variant(int D);
 // x and out rows are contiguous (stride D); w, b are fp32 [D].
 // rows_per_block: for the warp-per-row variant, rows (warps) per block, 1..8 (0: the default 4);
 // a tuning choice, ignored by the block variants.
-// rows_per_warp: 1, or 2 / 4 consecutive rows per warp with their loads issued together (where
-// layer_norm_rows_per_warp_ok(D, n): the warp-per-row variant with 16-byte loads and at most 64 row
-// floats per thread in flight); the same bits as 1, a tuning choice. Else std::runtime_error.
-bool layer_norm_rows_per_warp_ok(int D, int rows_per_warp);
 void layer_norm(const float* x, void* out, DType out_type, const float* w, const float* b,
-                int64_t rows, int D, float eps, cudaStream_t stream, int rows_per_block = 0,
-                int rows_per_warp = 1);
+                int64_t rows, int D, float eps, cudaStream_t stream, int rows_per_block = 0);
 
 // y[r, :] = LN(x[r, :]; w, b) when row r (position r % S of sequence r / S) is valid, i.e.
 // r % S < lengths[r / S]; zeros otherwise (padded rows are not read). lengths null: all valid.
