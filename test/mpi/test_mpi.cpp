@@ -219,7 +219,6 @@ TEST_F(MpiOnly, TemporaryFileOneRankCannotOpenFailsTheJobWithoutHanging) {
   write_case(dir.path("in.h5"), 6, 8);
   const ProcResult r = forward_refusing(dir, ".h5.tmp.", {"--input", "in.h5", "--output", "y.h5", "--backend", "kokkos", "--quiet"});
   EXPECT_NE(r.status, 124) << "the job hung (stopped by its time limit)\n" << r.err;
-  EXPECT_NE(r.status, 0) << r.err;
   EXPECT_EQ(r.status, 1) << r.err;
   // Every rank fails the collective create with the same message; the job reports it once.
   const auto lines = r.err_lines_starting("hk_forward: error: ");
