@@ -21,10 +21,15 @@
 //
 // Usage: hk_bench_cuda [--cases path/cases.csv] [--only 1,2,6] [--precision fast|fp32]
 //                      [--reps N] [--tune env|off|on|both] [--tune-cache DIR]
-//                      [--lengths random|full] [--plans FILE]
+//                      [--lengths random|full] [--plans FILE] [--timeline FILE]
+//                      [google benchmark flags]
 // --plans FILE: each case's plan as it ran (explain of the plan used: kernels, GEMM algorithms,
 // every decision with its candidates' times) is appended to FILE.
-//                      [google benchmark flags]
+// --timeline FILE: kernel tracing through CUPTI (kernel_timeline.hpp) is on for the whole run; after
+// each case's timed replays, 50 more forwards back to back are collected and the case's kernel
+// timeline (per kernel: duration, start and end in the forward, the time it adds to the forward's
+// span) is appended to FILE with the event-timed medians. Tracing may perturb the times a little:
+// compare with a run without it. Needs libcupti at run time.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -44,6 +49,9 @@
 
 #include "cuda/engine.hpp"
 #include "hk/synthetic.hpp"
+#ifdef HK_HAVE_CUPTI
+#include "kernel_timeline.hpp"
+#endif
 
 namespace {
 
@@ -78,6 +86,13 @@ bool g_full = false;  // --lengths full: every sequence at full length (no paddi
 hk::Precision g_precision = hk::Precision::fast;
 std::string g_tune_cache;
 std::string g_plans;  // --plans FILE
+std::string g_timeline;  // --timeline FILE
+#ifdef HK_HAVE_CUPTI
+hk::perf::KernelTimeline& timeline_tracer() {
+  static hk::perf::KernelTimeline t;
+  return t;
+}
+#endif
 
 enum class Tune { env, off, on };
 struct Result {
@@ -210,6 +225,56 @@ void bench_case(benchmark::State& state, Case c, Tune tune) {
     }
   }
 
+  if (!g_timeline.empty()) {
+#ifdef HK_HAVE_CUPTI
+    std::string text;
+    try {
+      hk::perf::KernelTimeline& tracer = timeline_tracer();
+      if (!tracer.available()) throw std::runtime_error(tracer.error());
+      // One forward alone: how many kernels a forward runs; then forwards back to back, as timed.
+      check(cudaStreamSynchronize(stream), "drain");
+      uint64_t t0 = tracer.now_ns();
+      engine.forward_device(xs[0], lens[0], c.B, stream, tokens[0]);
+      check(cudaStreamSynchronize(stream), "traced forward");
+      const size_t per_forward = tracer.collect(t0, tracer.now_ns()).size();
+      constexpr int kTraced = 50;
+      std::vector<cudaEvent_t> tev(2 * kTraced);
+      for (auto& e : tev) check(cudaEventCreate(&e), "event");
+      t0 = tracer.now_ns();
+      for (int r = 0; r < kTraced; ++r) {
+        check(cudaEventRecord(tev[2 * r], stream), "record");
+        engine.forward_device(xs[r % sets], lens[r % sets], c.B, stream, tokens[r % sets]);
+        check(cudaEventRecord(tev[2 * r + 1], stream), "record");
+      }
+      check(cudaStreamSynchronize(stream), "traced forwards");
+      const auto recs = tracer.collect(t0, tracer.now_ns());
+      std::vector<double> tms(kTraced);
+      for (int r = 0; r < kTraced; ++r) {
+        float t = 0;
+        check(cudaEventElapsedTime(&t, tev[2 * r], tev[2 * r + 1]), "elapsed");
+        tms[r] = t;
+      }
+      for (auto& e : tev) cudaEventDestroy(e);
+      std::sort(tms.begin(), tms.end());
+      char head[256];
+      std::snprintf(head, sizeof head,
+                    "event-timed median per forward (kernel tracing on for the whole run): %.4f ms in the timed "
+                    "replays, %.4f ms in the %d traced forwards\n\n",
+                    ms[reps / 2], tms[kTraced / 2], kTraced);
+      text = head + hk::perf::timeline_table(recs, int(per_forward));
+    } catch (const std::exception& e) {
+      text = std::string("no timeline: ") + e.what() + "\n";
+    }
+#else
+    const std::string text = "no timeline: built without CUPTI's headers\n";
+#endif
+    if (std::FILE* f = std::fopen(g_timeline.c_str(), "a")) {
+      std::fprintf(f, "==== case %d (%s, %s lengths)\n%s\n", c.id, routes.tune ? "tuned" : "untuned",
+                   g_full ? "full" : "random", text.c_str());
+      std::fclose(f);
+    }
+  }
+
   for (auto& e : ev) cudaEventDestroy(e);
   if (routes.tune) {
     // A second engine with the same tune cache: what the next run of this case starts with.
@@ -253,6 +318,7 @@ int main(int argc, char** argv) {
     else if (a == "--tune") tune_mode = value("--tune");
     else if (a == "--tune-cache") g_tune_cache = value("--tune-cache");
     else if (a == "--plans") g_plans = value("--plans");
+    else if (a == "--timeline") g_timeline = value("--timeline");
     else if (a == "--lengths") {
       const std::string v = value("--lengths");
       if (v != "random" && v != "full") throw std::runtime_error("--lengths takes random or full");
@@ -273,6 +339,16 @@ int main(int argc, char** argv) {
     char tmpl[] = "/tmp/hk_bench_tune_XXXXXX";
     if (const char* d = ::mkdtemp(tmpl)) g_tune_cache = d;
   }
+#ifdef HK_HAVE_CUPTI
+  if (!g_timeline.empty()) {
+    // Tracing on before any engine exists (their graphs are instantiated under it), for the whole run.
+    try {
+      if (timeline_tracer().available()) timeline_tracer().start();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "hk_bench_cuda: %s\n", e.what());
+    }
+  }
+#endif
   std::vector<std::pair<Tune, std::string>> modes;
   if (tune_mode == "env") modes = {{Tune::env, ""}};
   if (tune_mode == "off") modes = {{Tune::off, "/untuned"}};

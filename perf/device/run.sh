@@ -14,6 +14,9 @@
 #   bench_nopack.json  tuned with HK_PACK=0: the dense plans, for the padding-free gain (phase bench_nopack)
 #   bench_nopdl.json   tuned with HK_PDL=0: ordinary launches, for the programmatic-launch gain (phase bench_nopdl)
 #   ab.txt           phase ab: one knob's values side by side on chosen cases (HK_AB, HK_AB_CASES)
+#   timeline.md      phase timeline: per case the kernels of the replayed forward as the GPU ran them (CUPTI
+#                    activity records: duration, start, end, the time each adds to the span), tuned, random
+#                    lengths (HK_TIMELINE_CASES, default all; HK_TIMELINE_ARGS e.g. "--lengths full")
 #   bench_qkvlt.json   tuned with HK_QKV_GEMM=cublaslt: the QKV projection on cuBLASLt only, for the own
 #                      kernel's gain (phase bench_qkvlt)
 #   e2e.txt          case 6 file in, file out: hk_forward vs hk_io_baseline (read + write only), PASS/FAIL vs 1.3x;
@@ -24,8 +27,8 @@
 #   regress/         perf/regress run JSON (device identity, build, date) + the per-case plot
 #   summary.md       the tables for perf/RESULTS.md
 # Usage: perf/device/run.sh [phase ...]   phases: env tests sanitize accuracy bench bench_full
-#        bench_nopack bench_nopdl bench_qkvlt ab e2e profile peers regress summary (default: all but profile
-#        and ab; always run in this order). profile: ncu per-kernel tables (perf/device/profile.sh; HK_PROFILE_CASES;
+#        bench_nopack bench_nopdl bench_qkvlt ab timeline e2e profile peers regress summary (default: all but
+#        profile, ab and timeline; always run in this order). profile: ncu per-kernel tables (perf/device/profile.sh; HK_PROFILE_CASES;
 #        HK_PROFILE_SOURCE=<kernel regex>: per-SASS-instruction counters, source-<case>.csv).
 #        multigpu (not in the default list; runs after profile): a stage with HK_DEVICE_MPI=ON,
 #        perf/device/multi_gpu.sh (HK_MGPU_* knobs).
@@ -236,6 +239,15 @@ if want ab; then
       echo "$line"
     done
   } 2>&1 | tee "$OUT/ab.txt"
+fi
+
+if want timeline; then
+  stamp "timeline"
+  # Its own process: kernel tracing is on for the whole run (tuning included), so these medians are
+  # not the bench phase's; the table says what tracing cost (event-timed medians traced).
+  (cd "$share" && hk_bench_cuda --tune on --tune-cache "$work/tune-timeline" --timeline "$OUT/timeline.md" \
+     ${HK_TIMELINE_CASES:+--only "$HK_TIMELINE_CASES"} ${HK_TIMELINE_ARGS:-} --benchmark_format=console) 2>&1 | tail -20
+  [ -f "$OUT/timeline.md" ] && grep -E '^(====|no timeline|forwards traced|event-timed)' "$OUT/timeline.md" | head -60
 fi
 
 if want e2e; then

@@ -1,0 +1,248 @@
+#include "kernel_timeline.hpp"
+
+#include <cupti.h>
+#include <cuda_runtime.h>
+#include <cxxabi.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+
+namespace hk::perf {
+namespace {
+
+// CUPTI's entry points, resolved from the loaded library.
+struct Api {
+  decltype(&cuptiActivityRegisterCallbacks) register_callbacks = nullptr;
+  decltype(&cuptiActivityEnable) enable = nullptr;
+  decltype(&cuptiActivityDisable) disable = nullptr;
+  decltype(&cuptiActivityFlushAll) flush_all = nullptr;
+  decltype(&cuptiActivityGetNextRecord) next_record = nullptr;
+  decltype(&cuptiActivityGetNumDroppedRecords) dropped = nullptr;
+  decltype(&cuptiGetResultString) result_string = nullptr;
+  decltype(&cuptiGetTimestamp) timestamp = nullptr;
+};
+Api g_api;
+bool g_registered = false;
+
+// Filled by CUPTI's buffer-completed callback (CUPTI's own thread).
+std::mutex g_mutex;
+std::vector<KernelRecord> g_records;
+size_t g_dropped = 0;
+
+constexpr size_t kBufferBytes = 8u << 20;
+constexpr size_t kAlign = 8;
+
+std::string short_name(const char* mangled) {
+  if (mangled == nullptr) return "?";
+  int status = 0;
+  char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string s = status == 0 && d ? d : mangled;
+  std::free(d);
+  for (const char* drop : {"(anonymous namespace)::", "hk::cuda::", "hk::"}) {
+    for (size_t p; (p = s.find(drop)) != std::string::npos;) s.erase(p, std::strlen(drop));
+  }
+  // The parameter list of a demangled function: from the '(' that closes the name at depth 0.
+  int depth = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '<') ++depth;
+    if (s[i] == '>') --depth;
+    if (s[i] == '(' && depth == 0 && i > 0) {
+      s.resize(i);
+      break;
+    }
+  }
+  if (s.rfind("void ", 0) == 0) s.erase(0, 5);
+  if (s.size() > 72) s = s.substr(0, 69) + "...";
+  return s;
+}
+
+void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(kAlign, kBufferBytes));
+  *size = *buffer ? kBufferBytes : 0;
+  *max_records = 0;
+}
+
+void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t* buffer, size_t size, size_t valid) {
+  (void)size;
+  std::vector<KernelRecord> got;
+  CUpti_Activity* rec = nullptr;
+  while (g_api.next_record(buffer, valid, &rec) == CUPTI_SUCCESS) {
+    if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
+    const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
+    KernelRecord r;
+    r.name = short_name(k->name);
+    r.start_ns = k->start;
+    r.end_ns = k->end;
+    r.grid = k->gridX * k->gridY * k->gridZ;
+    r.block = k->blockX * k->blockY * k->blockZ;
+    r.cluster = int(k->clusterX * k->clusterY * k->clusterZ);
+    r.registers = k->registersPerThread;
+    r.dynamic_smem = k->dynamicSharedMemory;
+    r.static_smem = k->staticSharedMemory;
+    got.push_back(std::move(r));
+  }
+  size_t dropped = 0;
+  if (g_api.dropped) g_api.dropped(ctx, stream_id, &dropped);
+  std::free(buffer);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_dropped += dropped;
+  for (auto& r : got) g_records.push_back(std::move(r));
+}
+
+void check(CUptiResult r, const char* what) {
+  if (r == CUPTI_SUCCESS) return;
+  const char* s = nullptr;
+  if (g_api.result_string) g_api.result_string(r, &s);
+  throw std::runtime_error(std::string("CUPTI ") + what + ": " + (s ? s : "error " + std::to_string(int(r))));
+}
+
+template <class F>
+bool resolve(void* lib, const char* sym, F& f) {
+  f = reinterpret_cast<F>(dlsym(lib, sym));
+  return f != nullptr;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+KernelTimeline::KernelTimeline() {
+  std::vector<std::string> names;
+  if (const char* e = std::getenv("HK_CUPTI_LIB")) names.push_back(e);
+  names.insert(names.end(), {"libcupti.so.13", "libcupti.so", "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so",
+                             "/usr/local/cuda/lib64/libcupti.so"});
+  for (const auto& n : names) {
+    lib_ = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib_) break;
+  }
+  if (!lib_) {
+    error_ = "libcupti not found (set HK_CUPTI_LIB to its path)";
+    return;
+  }
+  const bool all = resolve(lib_, "cuptiActivityRegisterCallbacks", g_api.register_callbacks) &&
+                   resolve(lib_, "cuptiActivityEnable", g_api.enable) &&
+                   resolve(lib_, "cuptiActivityDisable", g_api.disable) &&
+                   resolve(lib_, "cuptiActivityFlushAll", g_api.flush_all) &&
+                   resolve(lib_, "cuptiActivityGetNextRecord", g_api.next_record) &&
+                   resolve(lib_, "cuptiActivityGetNumDroppedRecords", g_api.dropped) &&
+                   resolve(lib_, "cuptiGetResultString", g_api.result_string) &&
+                   resolve(lib_, "cuptiGetTimestamp", g_api.timestamp);
+  if (!all) {
+    error_ = "libcupti lacks an activity API entry point";
+    return;
+  }
+  ok_ = true;
+}
+
+KernelTimeline::~KernelTimeline() = default;  // CUPTI stays loaded: its thread may still run
+
+void KernelTimeline::start() {
+  if (!ok_) throw std::runtime_error("kernel timeline: " + error_);
+  if (g_registered) return;
+  check(g_api.register_callbacks(buffer_requested, buffer_completed), "register callbacks");
+  g_registered = true;
+  check(g_api.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable concurrent-kernel records");
+}
+
+uint64_t KernelTimeline::now_ns() const {
+  uint64_t t = 0;
+  check(g_api.timestamp(&t), "timestamp");
+  return t;
+}
+
+std::vector<KernelRecord> KernelTimeline::collect(uint64_t t0, uint64_t t1) {
+  if (!g_registered) throw std::runtime_error("kernel timeline: not started");
+  if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("kernel timeline: device synchronisation failed");
+  check(g_api.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "flush");
+  std::vector<KernelRecord> all;
+  size_t dropped = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    all.swap(g_records);
+    dropped = g_dropped;
+    g_dropped = 0;
+  }
+  if (dropped) throw std::runtime_error("kernel timeline: CUPTI dropped " + std::to_string(dropped) + " records");
+  std::vector<KernelRecord> out, later;
+  for (auto& r : all) {
+    if (r.start_ns > t1) {
+      later.push_back(std::move(r));
+    } else if (r.start_ns >= t0) {
+      out.push_back(std::move(r));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    for (auto& r : later) g_records.push_back(std::move(r));
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const KernelRecord& a, const KernelRecord& b) { return a.start_ns < b.start_ns; });
+  return out;
+}
+
+std::string timeline_table(const std::vector<KernelRecord>& recs, int per_forward) {
+  if (per_forward < 1 || recs.empty() || recs.size() % size_t(per_forward) != 0) {
+    throw std::runtime_error("kernel timeline: " + std::to_string(recs.size()) + " records are not forwards of " +
+                             std::to_string(per_forward) + " kernels");
+  }
+  const size_t nf = recs.size() / size_t(per_forward);
+  for (size_t f = 1; f < nf; ++f)
+    for (int k = 0; k < per_forward; ++k)
+      if (recs[f * per_forward + k].name != recs[k].name)
+        throw std::runtime_error("kernel timeline: forward " + std::to_string(f) + " kernel " + std::to_string(k) + " is " +
+                                 recs[f * per_forward + k].name + ", not " + recs[k].name);
+  std::vector<std::vector<double>> dur(per_forward), beg(per_forward), fin(per_forward), adv(per_forward);
+  std::vector<double> span, busy;
+  for (size_t f = 0; f < nf; ++f) {
+    const KernelRecord* r = &recs[f * per_forward];
+    const double t0 = double(r[0].start_ns);
+    double prev_end = t0, last_end = t0, sum = 0;
+    for (int k = 0; k < per_forward; ++k) {
+      const double s = double(r[k].start_ns) - t0, e = double(r[k].end_ns) - t0;
+      dur[k].push_back((e - s) * 1e-3);
+      beg[k].push_back(s * 1e-3);
+      fin[k].push_back(e * 1e-3);
+      adv[k].push_back((double(r[k].end_ns) - prev_end) * 1e-3);
+      prev_end = double(r[k].end_ns);
+      last_end = std::max(last_end, double(r[k].end_ns));
+      sum += e - s;
+    }
+    span.push_back((last_end - t0) * 1e-3);
+    busy.push_back(sum * 1e-3);
+  }
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "| # | kernel | grid x block (cluster) | regs | smem KB | us | start us | end us | advance us |\n"
+                "|---|---|---|---|---|---|---|---|---|\n");
+  out += line;
+  for (int k = 0; k < per_forward; ++k) {
+    const KernelRecord& r = recs[k];
+    char shape[64];
+    if (r.cluster > 1) {
+      std::snprintf(shape, sizeof shape, "%d x %d (%d)", r.grid, r.block, r.cluster);
+    } else {
+      std::snprintf(shape, sizeof shape, "%d x %d", r.grid, r.block);
+    }
+    std::snprintf(line, sizeof line, "| %d | %s | %s | %d | %.1f | %.2f | %.2f | %.2f | %.2f |\n", k, r.name.c_str(), shape,
+                  r.registers, (r.dynamic_smem + r.static_smem) / 1024.0, median(dur[k]), median(beg[k]), median(fin[k]),
+                  median(adv[k]));
+    out += line;
+  }
+  std::snprintf(line, sizeof line,
+                "\nforwards traced: %zu; median span (first kernel start to last kernel end) %.2f us; median sum of "
+                "kernel durations %.2f us\n",
+                nf, median(span), median(busy));
+  out += line;
+  return out;
+}
+
+}  // namespace hk::perf

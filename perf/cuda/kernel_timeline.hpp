@@ -1,0 +1,60 @@
+// Kernel timeline of replayed forwards through CUPTI's activity API (concurrent-kernel records:
+// start / end of every kernel on the GPU's clock, also for kernels launched from CUDA graphs and
+// with programmatic dependent launch, whose prologues overlap their predecessors).
+//
+// CUPTI is loaded at run time (dlopen of libcupti.so.13, then libcupti.so; HK_CUPTI_LIB names a
+// file instead), so the benchmark starts and runs without it; `available()` says whether the
+// library and its entry points were found. One tracer per process (CUPTI's callbacks are global).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hk::perf {
+
+struct KernelRecord {
+  std::string name;  // demangled, namespaces and template arguments shortened
+  uint64_t start_ns = 0, end_ns = 0;
+  int grid = 0, block = 0;       // blocks and threads per block (x * y * z)
+  int cluster = 0;               // CTAs per cluster (0: no cluster launch)
+  int registers = 0;
+  int dynamic_smem = 0, static_smem = 0;
+};
+
+class KernelTimeline {
+ public:
+  KernelTimeline();
+  ~KernelTimeline();
+  KernelTimeline(const KernelTimeline&) = delete;
+  KernelTimeline& operator=(const KernelTimeline&) = delete;
+
+  // Whether CUPTI was loaded; why not, if it was not.
+  bool available() const { return ok_; }
+  const std::string& error() const { return error_; }
+
+  // Starts recording every kernel (once; tracing then stays on: whether kernels of CUDA graphs
+  // instantiated before tracing began are recorded is not promised, so start before building the
+  // engines). now_ns() is CUPTI's clock, the one the records use. collect(t0, t1) waits for the
+  // device, flushes CUPTI's buffers and returns the kernels that started in [t0, t1], in start
+  // order, forgetting every record older than t1. Throws std::runtime_error when a CUPTI call
+  // fails or records were dropped.
+  void start();
+  uint64_t now_ns() const;
+  std::vector<KernelRecord> collect(uint64_t t0, uint64_t t1);
+
+ private:
+  bool ok_ = false;
+  std::string error_;
+  void* lib_ = nullptr;
+};
+
+// The replays of `forwards` forwards of `per_forward` kernels each (records in start order, as
+// stop() returns them) summarised as a markdown table: per kernel of the forward its median
+// duration, its median start and end relative to the forward's first kernel start, and its
+// median advance (end minus the previous kernel's end: the time it adds to the forward's span;
+// the first kernel's advance is its duration), then the forward's median span. Throws
+// std::runtime_error when the records do not split into forwards of the same kernel sequence.
+std::string timeline_table(const std::vector<KernelRecord>& records, int per_forward);
+
+}  // namespace hk::perf

@@ -1,0 +1,82 @@
+// The kernel-timeline summary of hk_bench_cuda --timeline (perf/cuda/kernel_timeline.hpp) on
+// hand-made records: medians per kernel, the advance of a kernel whose prologue overlaps its
+// predecessor (programmatic dependent launch), the span, and the refusals when the records do not
+// split into forwards of one kernel sequence. The CUPTI side needs a GPU and runs on the device.
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernel_timeline.hpp"
+
+namespace {
+
+using hk::perf::KernelRecord;
+
+KernelRecord rec(const char* name, uint64_t start, uint64_t end) {
+  KernelRecord r;
+  r.name = name;
+  r.start_ns = start;
+  r.end_ns = end;
+  r.grid = 8;
+  r.block = 256;
+  r.registers = 64;
+  r.dynamic_smem = 2048;
+  return r;
+}
+
+// The table row of kernel k (its line starting "| k |").
+std::string row(const std::string& table, int k) {
+  const std::string key = "| " + std::to_string(k) + " |";
+  const size_t p = table.find(key);
+  if (p == std::string::npos) return {};
+  return table.substr(p, table.find('\n', p) - p);
+}
+
+TEST(KernelTimeline, MediansAdvancesAndSpan) {
+  // Three forwards of a -> b -> c (times in ns from an arbitrary origin); b starts before a ends
+  // (its prologue overlaps), c follows b after a gap. Forward 1 is slower than the others, so the
+  // medians come from forwards 0 and 2.
+  std::vector<KernelRecord> recs;
+  for (uint64_t f = 0; f < 3; ++f) {
+    const uint64_t t = 1000000 * f, slow = f == 1 ? 5000 : 0;
+    recs.push_back(rec("a", t, t + 4000 + slow));
+    recs.push_back(rec("b", t + 3000, t + 9000 + slow));
+    recs.push_back(rec("c", t + 10000 + slow, t + 12000 + slow));
+  }
+  const std::string table = hk::perf::timeline_table(recs, 3);
+  // kernel | shape | regs | smem KB | us | start | end | advance
+  EXPECT_EQ(row(table, 0), "| 0 | a | 8 x 256 | 64 | 2.0 | 4.00 | 0.00 | 4.00 | 4.00 |");
+  EXPECT_EQ(row(table, 1), "| 1 | b | 8 x 256 | 64 | 2.0 | 6.00 | 3.00 | 9.00 | 5.00 |");
+  EXPECT_EQ(row(table, 2), "| 2 | c | 8 x 256 | 64 | 2.0 | 2.00 | 10.00 | 12.00 | 3.00 |");
+  EXPECT_NE(table.find("forwards traced: 3; median span (first kernel start to last kernel end) 12.00 us; median "
+                       "sum of kernel durations 12.00 us"),
+            std::string::npos)
+      << table;
+}
+
+TEST(KernelTimeline, ClusterShapeShown) {
+  KernelRecord r = rec("k", 0, 1000);
+  r.cluster = 4;
+  const std::string table = hk::perf::timeline_table({r}, 1);
+  EXPECT_EQ(row(table, 0), "| 0 | k | 8 x 256 (4) | 64 | 2.0 | 1.00 | 0.00 | 1.00 | 1.00 |");
+}
+
+TEST(KernelTimeline, RefusesRecordsThatAreNotWholeForwards) {
+  const std::vector<KernelRecord> five = {rec("a", 0, 1), rec("b", 2, 3), rec("a", 10, 11), rec("b", 12, 13),
+                                          rec("a", 20, 21)};
+  EXPECT_THROW(hk::perf::timeline_table(five, 2), std::runtime_error);
+  EXPECT_THROW(hk::perf::timeline_table({}, 2), std::runtime_error);
+  EXPECT_THROW(hk::perf::timeline_table(five, 0), std::runtime_error);
+  // Same count, another kernel sequence in the second forward.
+  const std::vector<KernelRecord> swapped = {rec("a", 0, 1), rec("b", 2, 3), rec("b", 10, 11), rec("a", 12, 13)};
+  try {
+    hk::perf::timeline_table(swapped, 2);
+    FAIL() << "accepted a forward with another kernel sequence";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("forward 1 kernel 0 is b, not a"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
