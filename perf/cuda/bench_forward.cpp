@@ -231,17 +231,23 @@ void bench_case(benchmark::State& state, Case c, Tune tune) {
     try {
       hk::perf::KernelTimeline& tracer = timeline_tracer();
       if (!tracer.available()) throw std::runtime_error(tracer.error());
-      // One forward alone: how many kernels a forward runs; then forwards back to back, as timed.
+      // Each input set's forward alone: how many kernels it runs (sets of other token counts may run
+      // other plans); then forwards back to back, as timed.
       check(cudaStreamSynchronize(stream), "drain");
-      uint64_t t0 = tracer.now_ns();
-      engine.forward_device(xs[0], lens[0], c.B, stream, tokens[0]);
-      check(cudaStreamSynchronize(stream), "traced forward");
-      const size_t per_forward = tracer.collect(t0, tracer.now_ns()).size();
+      std::vector<size_t> per_set(sets);
+      for (int i = 0; i < sets; ++i) {
+        const uint64_t t0 = tracer.now_ns();
+        engine.forward_device(xs[i], lens[i], c.B, stream, tokens[i]);
+        check(cudaStreamSynchronize(stream), "traced forward");
+        per_set[i] = tracer.collect(t0, tracer.now_ns()).size();
+      }
       constexpr int kTraced = 50;
       std::vector<cudaEvent_t> tev(2 * kTraced);
       for (auto& e : tev) check(cudaEventCreate(&e), "event");
-      t0 = tracer.now_ns();
+      const uint64_t t0 = tracer.now_ns();
+      std::vector<size_t> counts;
       for (int r = 0; r < kTraced; ++r) {
+        counts.push_back(per_set[r % sets]);
         check(cudaEventRecord(tev[2 * r], stream), "record");
         engine.forward_device(xs[r % sets], lens[r % sets], c.B, stream, tokens[r % sets]);
         check(cudaEventRecord(tev[2 * r + 1], stream), "record");
@@ -261,7 +267,7 @@ void bench_case(benchmark::State& state, Case c, Tune tune) {
                     "event-timed median per forward (kernel tracing on for the whole run): %.4f ms in the timed "
                     "replays, %.4f ms in the %d traced forwards\n\n",
                     ms[reps / 2], tms[kTraced / 2], kTraced);
-      text = head + hk::perf::timeline_table(recs, int(per_forward));
+      text = head + hk::perf::timeline_tables(hk::perf::split_forwards(recs, counts));
     } catch (const std::exception& e) {
       text = std::string("no timeline: ") + e.what() + "\n";
     }

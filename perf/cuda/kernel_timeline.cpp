@@ -188,24 +188,35 @@ std::vector<KernelRecord> KernelTimeline::collect(uint64_t t0, uint64_t t1) {
   return out;
 }
 
-std::string timeline_table(const std::vector<KernelRecord>& recs, int per_forward) {
-  if (per_forward < 1 || recs.empty() || recs.size() % size_t(per_forward) != 0) {
-    throw std::runtime_error("kernel timeline: " + std::to_string(recs.size()) + " records are not forwards of " +
-                             std::to_string(per_forward) + " kernels");
+std::vector<std::vector<KernelRecord>> split_forwards(const std::vector<KernelRecord>& recs,
+                                                      const std::vector<size_t>& counts) {
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  if (total != recs.size()) {
+    throw std::runtime_error("kernel timeline: " + std::to_string(recs.size()) + " records, but the forwards ran " +
+                             std::to_string(total) + " kernels");
   }
-  const size_t nf = recs.size() / size_t(per_forward);
-  for (size_t f = 1; f < nf; ++f)
-    for (int k = 0; k < per_forward; ++k)
-      if (recs[f * per_forward + k].name != recs[k].name)
-        throw std::runtime_error("kernel timeline: forward " + std::to_string(f) + " kernel " + std::to_string(k) + " is " +
-                                 recs[f * per_forward + k].name + ", not " + recs[k].name);
-  std::vector<std::vector<double>> dur(per_forward), beg(per_forward), fin(per_forward), adv(per_forward);
+  std::vector<std::vector<KernelRecord>> out;
+  size_t at = 0;
+  for (size_t c : counts) {
+    out.emplace_back(recs.begin() + std::ptrdiff_t(at), recs.begin() + std::ptrdiff_t(at + c));
+    at += c;
+  }
+  return out;
+}
+
+namespace {
+
+std::string one_table(const std::vector<const std::vector<KernelRecord>*>& group) {
+  const std::vector<KernelRecord>& first = *group.front();
+  const size_t nk = first.size();
+  std::vector<std::vector<double>> dur(nk), beg(nk), fin(nk), adv(nk);
   std::vector<double> span, busy;
-  for (size_t f = 0; f < nf; ++f) {
-    const KernelRecord* r = &recs[f * per_forward];
+  for (const auto* fw : group) {
+    const std::vector<KernelRecord>& r = *fw;
     const double t0 = double(r[0].start_ns);
     double prev_end = t0, last_end = t0, sum = 0;
-    for (int k = 0; k < per_forward; ++k) {
+    for (size_t k = 0; k < nk; ++k) {
       const double s = double(r[k].start_ns) - t0, e = double(r[k].end_ns) - t0;
       dur[k].push_back((e - s) * 1e-3);
       beg[k].push_back(s * 1e-3);
@@ -218,30 +229,59 @@ std::string timeline_table(const std::vector<KernelRecord>& recs, int per_forwar
     span.push_back((last_end - t0) * 1e-3);
     busy.push_back(sum * 1e-3);
   }
-  std::string out;
+  std::string out =
+      "| # | kernel | grid x block (cluster) | regs | smem KB | us | start us | end us | advance us |\n"
+      "|---|---|---|---|---|---|---|---|---|\n";
   char line[512];
-  std::snprintf(line, sizeof line,
-                "| # | kernel | grid x block (cluster) | regs | smem KB | us | start us | end us | advance us |\n"
-                "|---|---|---|---|---|---|---|---|---|\n");
-  out += line;
-  for (int k = 0; k < per_forward; ++k) {
-    const KernelRecord& r = recs[k];
+  for (size_t k = 0; k < nk; ++k) {
+    const KernelRecord& r = first[k];
     char shape[64];
     if (r.cluster > 1) {
       std::snprintf(shape, sizeof shape, "%d x %d (%d)", r.grid, r.block, r.cluster);
     } else {
       std::snprintf(shape, sizeof shape, "%d x %d", r.grid, r.block);
     }
-    std::snprintf(line, sizeof line, "| %d | %s | %s | %d | %.1f | %.2f | %.2f | %.2f | %.2f |\n", k, r.name.c_str(), shape,
+    std::snprintf(line, sizeof line, "| %zu | %s | %s | %d | %.1f | %.2f | %.2f | %.2f | %.2f |\n", k, r.name.c_str(), shape,
                   r.registers, (r.dynamic_smem + r.static_smem) / 1024.0, median(dur[k]), median(beg[k]), median(fin[k]),
                   median(adv[k]));
     out += line;
   }
   std::snprintf(line, sizeof line,
-                "\nforwards traced: %zu; median span (first kernel start to last kernel end) %.2f us; median sum of "
-                "kernel durations %.2f us\n",
-                nf, median(span), median(busy));
+                "\nmedian span (first kernel start to last kernel end) %.2f us; median sum of kernel durations %.2f us\n",
+                median(span), median(busy));
   out += line;
+  return out;
+}
+
+}  // namespace
+
+std::string timeline_tables(const std::vector<std::vector<KernelRecord>>& forwards) {
+  if (forwards.empty()) throw std::runtime_error("kernel timeline: no forward traced");
+  std::vector<std::vector<const std::vector<KernelRecord>*>> groups;
+  for (const auto& fw : forwards) {
+    if (fw.empty()) throw std::runtime_error("kernel timeline: a forward ran no kernel");
+    auto same = [&](const std::vector<const std::vector<KernelRecord>*>& g) {
+      const auto& r = *g.front();
+      if (r.size() != fw.size()) return false;
+      for (size_t k = 0; k < r.size(); ++k)
+        if (r[k].name != fw[k].name || r[k].grid != fw[k].grid) return false;
+      return true;
+    };
+    auto it = std::find_if(groups.begin(), groups.end(), same);
+    if (it == groups.end()) {
+      groups.push_back({&fw});
+    } else {
+      it->push_back(&fw);
+    }
+  }
+  std::string out;
+  char line[160];
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::snprintf(line, sizeof line, "%skernel sequence %zu of %zu: %zu of %zu forwards\n\n", g ? "\n" : "", g + 1,
+                  groups.size(), groups[g].size(), forwards.size());
+    out += line;
+    out += one_table(groups[g]);
+  }
   return out;
 }
 

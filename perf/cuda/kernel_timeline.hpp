@@ -49,12 +49,17 @@ class KernelTimeline {
   void* lib_ = nullptr;
 };
 
-// The replays of `forwards` forwards of `per_forward` kernels each (records in start order, as
-// stop() returns them) summarised as a markdown table: per kernel of the forward its median
-// duration, its median start and end relative to the forward's first kernel start, and its
-// median advance (end minus the previous kernel's end: the time it adds to the forward's span;
-// the first kernel's advance is its duration), then the forward's median span. Throws
-// std::runtime_error when the records do not split into forwards of the same kernel sequence.
-std::string timeline_table(const std::vector<KernelRecord>& records, int per_forward);
+// Records in start order cut into consecutive forwards of counts[0], counts[1], ... kernels.
+// Throws std::runtime_error when the counts do not add up to the records.
+std::vector<std::vector<KernelRecord>> split_forwards(const std::vector<KernelRecord>& records,
+                                                      const std::vector<size_t>& counts);
+
+// Forwards summarised as markdown: the forwards are grouped by their kernel sequence (input sets
+// of different token counts can run different plans), and for each group a table gives per kernel
+// its median duration, its median start and end relative to the forward's first kernel start, and
+// its median advance (end minus the previous kernel's end: the time it adds to the forward's span;
+// the first kernel's advance is its duration), then the group's median span. Throws
+// std::runtime_error when there is no forward or a forward has no kernel.
+std::string timeline_tables(const std::vector<std::vector<KernelRecord>>& forwards);
 
 }  // namespace hk::perf

@@ -100,7 +100,7 @@ done | sort -u | grep -Ev "$system_libs" |
   while IFS= read -r lib; do cp -L "$lib" "$stage/pkg/lib/"; done
 # CUPTI for hk_bench_cuda --timeline: loaded at run time (so ldd does not list it), the toolkit's own.
 if [ -x "$stage/pkg/bin/hk_bench_cuda" ]; then
-  cupti=$(find /usr/local/cuda/lib64/ /usr/local/cuda/extras/CUPTI/lib64/ -maxdepth 1 -name 'libcupti.so.[0-9]*' 2>/dev/null | head -1)
+  cupti=$(find /usr/local/cuda/lib64/ /usr/local/cuda/extras/CUPTI/lib64/ -maxdepth 1 -name 'libcupti.so.[0-9]*' 2>/dev/null | head -1 || true)
   [ -n "$cupti" ] && cp -L "$cupti" "$stage/pkg/lib/"
 fi
 cp apps/hk_reference.py perf/peers.py perf/device/summarize.py "$stage/pkg/share/" 2>/dev/null || true
