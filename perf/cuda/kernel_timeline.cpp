@@ -72,6 +72,23 @@ void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t* buffe
   std::vector<KernelRecord> got;
   CUpti_Activity* rec = nullptr;
   while (g_api.next_record(buffer, valid, &rec) == CUPTI_SUCCESS) {
+    if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET || rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+      // Copies and fills in the stream show as rows of their own (no grid: grid and block 0).
+      KernelRecord r;
+      if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
+        r.name = "memset " + std::to_string(m->bytes) + " B";
+        r.start_ns = m->start;
+        r.end_ns = m->end;
+      } else {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
+        r.name = "memcpy " + std::to_string(m->bytes) + " B";
+        r.start_ns = m->start;
+        r.end_ns = m->end;
+      }
+      got.push_back(std::move(r));
+      continue;
+    }
     if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
     KernelRecord r;
@@ -150,6 +167,8 @@ void KernelTimeline::start() {
   check(g_api.register_callbacks(buffer_requested, buffer_completed), "register callbacks");
   g_registered = true;
   check(g_api.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable concurrent-kernel records");
+  check(g_api.enable(CUPTI_ACTIVITY_KIND_MEMSET), "enable memset records");
+  check(g_api.enable(CUPTI_ACTIVITY_KIND_MEMCPY), "enable memcpy records");
 }
 
 uint64_t KernelTimeline::now_ns() const {

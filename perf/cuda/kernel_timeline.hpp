@@ -13,6 +13,7 @@
 
 namespace hk::perf {
 
+// A kernel, or a memset / memcpy of the stream (name "memset N B" / "memcpy N B", grid 0).
 struct KernelRecord {
   std::string name;  // demangled, namespaces and template arguments shortened
   uint64_t start_ns = 0, end_ns = 0;
