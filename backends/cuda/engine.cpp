@@ -231,7 +231,6 @@ Routes routes_from_environment() {
   if (layout == "nk" || layout == "kn") r.pins["gemm_layout"] = layout;
   const std::string algo = knob_choice("HK_GEMM_ALGO", {"auto", "0", "1", "2", "3", "4", "5", "6", "7"});
   if (!algo.empty() && algo != "auto") r.pins["gemm_algo"] = algo;
-  if (knob_choice("HK_GEMM_FORWARD", {"auto", "off"}) == "off") r.pins["gemm_forward"] = "off";
   const std::string qkv_gemm = knob_choice("HK_QKV_GEMM", {"auto", "cublaslt", "mma"});
   if (qkv_gemm == "cublaslt" || qkv_gemm == "mma") r.pins["qkv_gemm"] = qkv_gemm;
   const std::string chains = knob_choice("HK_CHAINS", {"auto", "off", "persistent", "post_attn_qkv", "attention_chain", "attention_model"});
@@ -365,7 +364,6 @@ struct CudaEngine::Impl {
   float eps = 1e-5f;
   // Resolved pins ("" = free).
   std::string pin_attention, pin_gelu, pin_layout, pin_algo, pin_qkv_gemm, pin_chains, pin_graph, pin_pack;
-  std::string pin_gemm_forward;  // "off": the GEMM algorithms chosen alone stand (HK_GEMM_FORWARD)
   bool step_pinned = false;  // the caller pinned a step route (attention, GELU, GEMM layout / algorithm, QKV GEMM)
   // Own kernels only (HK_LIBRARIES, EngineOptions::job_tokens): no cuBLASLt / cuDNN route is made,
   // cuBLASLt is never loaded; the QKV GEMM is the own kernel, the post-attention steps the fused
@@ -433,7 +431,6 @@ struct CudaEngine::Impl {
   void decide_graph(Plan& p, cudaGraphExec_t g, const Ctx& c);
   void decide_whole_model(Plan& p, const Ctx& c);
   void decide_qkv_chain(Plan& p, const Ctx& c);
-  void decide_gemms_in_forward(Plan& p, const Ctx& c);
   tune::Decision decide_by_forward(Plan& p, const Ctx& c, const tune::TuneKey& k,
                                    const std::vector<tune::Candidate>& cands,
                                    const std::function<void(int, Ctx&)>& run_with);
@@ -510,7 +507,6 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
   pin_gelu = pin_of(routes, "gelu", routes.gelu_epilogue ? "epilogue" : "");
   pin_layout = pin_of(routes, "gemm_layout", "");
   pin_algo = pin_of(routes, "gemm_algo", "");
-  pin_gemm_forward = pin_of(routes, "gemm_forward", "");
   pin_qkv_gemm = pin_of(routes, "qkv_gemm", "");
   // The caller's own pins (before HK_LIBRARIES=own adds its QKV GEMM one below).
   step_pinned = !pin_attention.empty() || !pin_gelu.empty() || !pin_layout.empty() || !pin_algo.empty() ||
@@ -1982,70 +1978,6 @@ void CudaEngine::Impl::decide_qkv_chain(Plan& p, const Ctx& c) {
   g.use_mma = d.chosen == 1 ? 0 : -1;
 }
 
-// The cuBLASLt algorithms as the forward runs them. decide_gemm times each algorithm alone (a
-// graph of launches of that GEMM), where the time between the previous kernel's end and the GEMM's
-// start cannot show; in the forward that time differs between algorithms of nearly equal kernel
-// time (kernel timelines on the H200, case 12: 0.5 us before one QKV algorithm, 4.1 us before
-// another, after the same LayerNorm kernel). So for each GEMM step the plan runs as a kernel of its
-// own with a cuBLASLt algorithm, the whole forward is timed with the chosen algorithm and with each
-// layout's first two heuristic algorithms, and the fastest stays (key gemm.<step>.<epilogue>.forward;
-// the numeric guard compares y). Pins of the layout or the algorithm, and HK_GEMM_FORWARD=off, leave
-// the choice alone.
-void CudaEngine::Impl::decide_gemms_in_forward(Plan& p, const Ctx& c) {
-  if (pin_gemm_forward == "off" || !pin_layout.empty() || !pin_algo.empty() || pin_qkv_gemm == "mma") return;
-  auto uses = [&](const std::string& id) {
-    for (const auto& k : p.kernels)
-      if (p.meta[p.index_of(k.kernel)].id == id) return true;
-    return false;
-  };
-  const std::pair<StepKind, GemmNode*> nodes[] = {{StepKind::qkv_proj, &p.qkv},
-                                                 {StepKind::out_proj, &p.out},
-                                                 {StepKind::ffn_in, uses("epilogue") ? &p.ffn_in_tanh : &p.ffn_in},
-                                                 {StepKind::ffn_out, &p.ffn_out}};
-  for (const auto& [kind, gp] : nodes) {
-    GemmNode& g = *gp;
-    if (!p.runs_alone(steps, kind) || !g.decided || g.use_mma >= 0 || !g.built()) continue;
-    // (layout, algorithm): the chosen one first, then nk.0, nk.1, kn.0, kn.1 where they exist.
-    std::vector<std::pair<bool, int>> what = {{g.use_kn, g.active().selected()}};
-    for (bool kn : {false, true}) {
-      const LtGemm* m = kn ? g.kn.get() : g.nk.get();
-      if (!m) continue;
-      for (int i = 0; i < std::min<int>(2, int(m->candidates().size())); ++i)
-        if (std::find(what.begin(), what.end(), std::make_pair(kn, i)) == what.end()) what.emplace_back(kn, i);
-    }
-    if (what.size() < 2) continue;
-    std::vector<tune::Candidate> cands;
-    for (const auto& [kn, i] : what) {
-      const LtGemm& m = kn ? *g.kn : *g.nk;
-      cands.push_back({std::string(kn ? "kn." : "nk.") + std::to_string(i),
-                       std::string(kn ? "[K,N] " : "[N,K] ") + m.describe(i) + " in the forward"});
-    }
-    auto apply = [&](size_t i) {
-      g.use_kn = what[i].first;
-      g.active().select(what[i].second);
-    };
-    std::vector<std::string> sources = {"backends/cuda/gemm_cublaslt"};
-    for (const auto& k : p.kernels) {
-      const KernelMeta& m = p.meta[p.index_of(k.kernel)];
-      sources.insert(sources.end(), m.sources.begin(), m.sources.end());
-    }
-    const std::string op = std::string("gemm.") + g.step + "." + to_string(g.shape.epilogue) + ".forward";
-    auto run_with = [&](int i, Ctx& cc) {
-      apply(size_t(i));
-      run_plan(p.kernels, steps, cc);
-    };
-    tune::Decision d;
-    try {
-      d = decide_by_forward(p, c, key(p, op, sources), cands, run_with);
-    } catch (...) {
-      apply(0);  // the GEMM decision's choice stands
-      throw;
-    }
-    apply(size_t(d.chosen));
-    p.decisions.push_back(d);
-  }
-}
-
 void CudaEngine::Impl::decide_whole_model(Plan& p, const Ctx& c) {
   if (p.whole_models.empty()) return;
   auto whole_plan = [&](size_t i) {
@@ -2144,10 +2076,6 @@ void CudaEngine::Impl::warm_up(Plan& p, const Ctx& c, cudaStream_t caller_stream
         HK_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(c.x), alias_scratch.get(), x_bytes,
                                       cudaMemcpyDeviceToDevice, capture_stream));
       decide_qkv_chain(p, w);
-      if (aliased)
-        HK_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(c.x), alias_scratch.get(), x_bytes,
-                                      cudaMemcpyDeviceToDevice, capture_stream));
-      decide_gemms_in_forward(p, w);
     }
     // HK_CHAINS=post_attn_qkv / attention_chain keeps its per-layer plan (no whole-model kernel in its place).
     if ((routes.tune && !pinned_chain_kernel()) || pin_chains == "persistent" || pin_chains == "attention_model") {

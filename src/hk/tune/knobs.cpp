@@ -37,12 +37,6 @@ const std::vector<Knob>& knobs() {
       {"HK_GEMM_ALGO", "auto|0..7", "auto", "cuda",
        "cuBLASLt algorithm: the index into the heuristic's top candidates (0 = the heuristic's first, the "
        "untuned default). An index a GEMM lacks falls back to 0. auto: measured per GEMM."},
-      {"HK_GEMM_FORWARD", "auto|off", "auto", "cuda",
-       "cuBLASLt algorithms re-timed in the forward (tuning only): auto = for each GEMM step that runs as a "
-       "kernel of its own, the whole forward timed with the algorithm chosen alone and with each layout's "
-       "first two heuristic algorithms, the fastest kept (the time before a GEMM starts after the previous "
-       "kernel differs between algorithms and shows only there); off = the choice made timing the GEMM alone "
-       "stands. Not while HK_GEMM_LAYOUT or HK_GEMM_ALGO is pinned."},
       {"HK_QKV_GEMM", "auto|cublaslt|mma", "auto", "cuda",
        "QKV projection GEMM (fast precision, D a multiple of 32 up to 256): cublaslt = cuBLASLt (the untuned "
        "default), mma = the own mma.sync kernel launched with programmatic dependent launch (its tile width "
