@@ -2138,15 +2138,11 @@ cudaGraphExec_t CudaEngine::Impl::graph_for(Plan& p, const GraphKey& key, cudaSt
   };
   try {
     CaptureTime timed{p, t_capture};
-    // HK_GRAPH_HOIST (default on): cuBLASLt's workspace memsets moved off the critical path.
-    static const bool hoist = tune::knob_choice("HK_GRAPH_HOIST", {"1", "0"}) != "0";
-    DeviceRange ws;
-    if (hoist) ws = {buf.workspace, kLtWorkspaceBytes};
     g = graphs.capture(key, capture_stream, done, [&](cudaStream_t s) {
       Ctx cc = c;
       cc.stream = s;
       record(p, cc);
-    }, ws);
+    });
     ++p.report.captures;
   } catch (const std::exception& e) {
     p.graph_note = std::string("capture failed, running eagerly: ") + e.what();

@@ -23,11 +23,6 @@ struct GraphKey {
   }
 };
 
-struct DeviceRange {
-  const void* base = nullptr;
-  size_t bytes = 0;
-};
-
 class GraphCache {
  public:
   explicit GraphCache(size_t capacity) : capacity_(capacity < 1 ? 1 : capacity) {}
@@ -42,11 +37,8 @@ class GraphCache {
   // instantiates it. Nothing runs. When the cache is full the least recently used graph is
   // destroyed after `idle` (an event recorded after the last launch) has completed.
   // Throws CudaError when capture or instantiation fails; the stream is left out of capture mode.
-  // `hoist` (optional): a device range only cuBLASLt's kernels use (its workspace); see
-  // hoist_workspace_memsets.
-  using Range = DeviceRange;
   cudaGraphExec_t capture(const GraphKey& key, cudaStream_t stream, cudaEvent_t idle,
-                          const std::function<void(cudaStream_t)>& record, Range hoist = {});
+                          const std::function<void(cudaStream_t)>& record);
 
   size_t size() const { return entries_.size(); }
   void clear();  // callers make sure no graph is still running
@@ -59,15 +51,5 @@ class GraphCache {
   size_t capacity_;
   std::list<Entry> entries_;  // most recently used first
 };
-
-// cuBLASLt clears a few bytes of its workspace (a memset node) before the launches of some of its
-// algorithms. Captured from one stream, that memset sits between the previous kernel and the
-// GEMM, and the two extra node transitions cost ~2-4 us on an H200 (hk_bench_cuda --timeline). A
-// memset that writes only inside `workspace` and lies between a kernel of hk's own and a
-// kernel is moved up: it then depends on the nearest earlier node that is not one of hk's own
-// kernels (the previous cuBLASLt kernel, which last used the workspace, or nothing), and its
-// kernel also depends on the memset's old predecessor. hk's kernels never touch the workspace,
-// so the memset overlaps them. Returns how many memsets moved.
-int hoist_workspace_memsets(cudaGraph_t graph, DeviceRange workspace);
 
 }  // namespace hk::cuda

@@ -80,11 +80,6 @@ const std::vector<Knob>& knobs() {
        "Programmatic dependent launch of hk's own kernels on sm_90 and newer (also inside the forward's CUDA "
        "graph): a kernel stages its weights and launches while the previous kernel finishes, then waits for it "
        "before reading activations. 0: ordinary launches. The bits of the output are the same either way."},
-      {"HK_GRAPH_HOIST", "1|0", "1", "cuda",
-       "In the forward's CUDA graph, the small memsets cuBLASLt issues into its workspace before some of its "
-       "algorithms are moved up to run beside hk's own kernels (after the previous cuBLASLt kernel) instead of "
-       "between the previous kernel and the GEMM, where the two extra node transitions cost 2-4 us each on an "
-       "H200. 0: the graph as captured. The bits of the output are the same either way."},
       {"HK_MPIIO_WRITE", "independent|posix|mmap|collective|individual", "independent", "io",
        "How the ranks of an MPI job write /output/y. independent: each rank writes its chunks (contiguous row "
        "ranges) through parallel HDF5 when they are ready, with no write rounds shared between ranks; posix: "
