@@ -172,6 +172,7 @@ void KernelTimeline::start() {
 }
 
 uint64_t KernelTimeline::now_ns() const {
+  if (!ok_) throw std::runtime_error("kernel timeline: " + error_);
   uint64_t t = 0;
   check(g_api.timestamp(&t), "timestamp");
   return t;
