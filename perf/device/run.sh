@@ -14,6 +14,8 @@
 #   bench_nopack.json  tuned with HK_PACK=0: the dense plans, for the padding-free gain (phase bench_nopack)
 #   bench_nopdl.json   tuned with HK_PDL=0: ordinary launches, for the programmatic-launch gain (phase bench_nopdl)
 #   ab.txt           phase ab: one knob's values side by side on chosen cases (HK_AB, HK_AB_CASES)
+#   ab_builds.txt    phase ab_builds: the staged hk_bench_cuda against an earlier build carried by stage.sh
+#                    (HK_AB_BASE), alternating, three rounds, fresh tune caches, on the cases of HK_AB_CASES
 #   timeline.md      phase timeline: per case the kernels of the replayed forward as the GPU ran them (CUPTI
 #                    activity records: duration, start, end, the time each adds to the span), tuned, random
 #                    lengths (HK_TIMELINE_CASES, default all; HK_TIMELINE_ARGS e.g. "--lengths full")
@@ -27,8 +29,8 @@
 #   regress/         perf/regress run JSON (device identity, build, date) + the per-case plot
 #   summary.md       the tables for perf/RESULTS.md
 # Usage: perf/device/run.sh [phase ...]   phases: env tests sanitize accuracy bench bench_full
-#        bench_nopack bench_nopdl bench_qkvlt ab timeline e2e profile peers regress summary (default: all but
-#        profile, ab and timeline; always run in this order). profile: ncu per-kernel tables (perf/device/profile.sh; HK_PROFILE_CASES;
+#        bench_nopack bench_nopdl bench_qkvlt ab ab_builds timeline e2e profile peers regress summary (default:
+#        all but profile, ab, ab_builds and timeline; always run in this order). profile: ncu per-kernel tables (perf/device/profile.sh; HK_PROFILE_CASES;
 #        HK_PROFILE_SOURCE=<kernel regex>: per-SASS-instruction counters, source-<case>.csv).
 #        multigpu (not in the default list; runs after profile): a stage with HK_DEVICE_MPI=ON,
 #        perf/device/multi_gpu.sh (HK_MGPU_* knobs).
@@ -239,6 +241,33 @@ if want ab; then
       echo "$line"
     done
   } 2>&1 | tee "$OUT/ab.txt"
+fi
+
+if want ab_builds; then
+  stamp "ab_builds"
+  # Two builds side by side in one lease (a change no knob switches): base = the build stage.sh was given
+  # as HK_AB_BASE, new = the staged one; tuned, random lengths, median ms per forward, alternating.
+  if [ -x "$pkg/bin/hk_bench_cuda_base" ]; then
+    {
+      echo "A/B of two builds (tuned, random lengths, median ms per forward; three rounds, alternating)"
+      for c in ${HK_AB_CASES:-2}; do
+        for round in 1 2 3; do
+          line="case $c round $round"
+          for v in base new; do
+            bin=hk_bench_cuda; [ "$v" = base ] && bin=hk_bench_cuda_base
+            ms=$(cd "$share" && "$bin" --only "$c" --tune on --tune-cache "$work/abb-$v-$c-$round" \
+                   --benchmark_format=json 2>/dev/null |
+                 python3 -c "import json,sys; print('%.4f' % json.load(sys.stdin)['benchmarks'][0]['real_time'])" \
+                 2>/dev/null || echo failed)
+            line="$line  $v $ms"
+          done
+          echo "$line"
+        done
+      done
+    } 2>&1 | tee "$OUT/ab_builds.txt"
+  else
+    echo "ab_builds: no base build in the stage (stage.sh with HK_AB_BASE=path/to/hk_bench_cuda)"
+  fi
 fi
 
 if want timeline; then

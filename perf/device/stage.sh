@@ -113,6 +113,11 @@ cp ../shared/spec/cases.csv "$stage/pkg/share/cases.csv"
 { git rev-parse HEAD; [ -n "$(git status --porcelain --untracked-files=no)" ] && echo dirty; } > "$stage/pkg/share/git-hash.txt" 2>/dev/null || true
 cp -r data "$stage/pkg/share/data"
 if [ "${HK_DEVICE_MPI:-OFF}" = ON ]; then pack_mpi_runtime "$stage/pkg"; fi
+# HK_AB_BASE=path/to/an/earlier/hk_bench_cuda: carried (stripped, xz) for run.sh's ab_builds phase,
+# a same-run A/B of two builds where no knob switches the change.
+if [ -n "${HK_AB_BASE:-}" ]; then
+  strip -o "$stage/pkg/bin/hk_bench_cuda_base" "$HK_AB_BASE"
+fi
 tar -C "$stage" -cJf "$stage/hk-stage.tar.xz" pkg
 rm -rf "$stage/pkg"
 ls -la "$stage"
