@@ -242,8 +242,18 @@ void bench_case(benchmark::State& state, Case c, Tune tune) {
         per_set[i] = tracer.collect(t0, tracer.now_ns()).size();
       }
       constexpr int kTraced = 50;
-      std::vector<cudaEvent_t> tev(2 * kTraced);
-      for (auto& e : tev) check(cudaEventCreate(&e), "event");
+      struct Events {  // destroyed on every path out
+        std::vector<cudaEvent_t> e;
+        ~Events() {
+          for (cudaEvent_t x : e) cudaEventDestroy(x);
+        }
+      } owned;
+      std::vector<cudaEvent_t>& tev = owned.e;
+      for (int i = 0; i < 2 * kTraced; ++i) {
+        cudaEvent_t x = nullptr;
+        check(cudaEventCreate(&x), "event");
+        tev.push_back(x);
+      }
       const uint64_t t0 = tracer.now_ns();
       std::vector<size_t> counts;
       for (int r = 0; r < kTraced; ++r) {
@@ -260,7 +270,6 @@ void bench_case(benchmark::State& state, Case c, Tune tune) {
         check(cudaEventElapsedTime(&t, tev[2 * r], tev[2 * r + 1]), "elapsed");
         tms[r] = t;
       }
-      for (auto& e : tev) cudaEventDestroy(e);
       std::sort(tms.begin(), tms.end());
       char head[256];
       std::snprintf(head, sizeof head,

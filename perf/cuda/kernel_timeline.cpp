@@ -71,7 +71,8 @@ void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t* buffe
   (void)size;
   std::vector<KernelRecord> got;
   CUpti_Activity* rec = nullptr;
-  while (g_api.next_record(buffer, valid, &rec) == CUPTI_SUCCESS) {
+  CUptiResult st = CUPTI_SUCCESS;
+  while ((st = g_api.next_record(buffer, valid, &rec)) == CUPTI_SUCCESS) {
     if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET || rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
       // Copies and fills in the stream show as rows of their own (no grid: grid and block 0).
       KernelRecord r;
@@ -105,6 +106,7 @@ void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t* buffe
   }
   size_t dropped = 0;
   if (g_api.dropped) g_api.dropped(ctx, stream_id, &dropped);
+  if (st != CUPTI_ERROR_MAX_LIMIT_REACHED) ++dropped;  // the buffer's records ended on an unreadable one
   std::free(buffer);
   std::lock_guard<std::mutex> lock(g_mutex);
   g_dropped += dropped;
@@ -125,8 +127,10 @@ bool resolve(void* lib, const char* sym, F& f) {
 }
 
 double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
 }  // namespace
@@ -165,10 +169,10 @@ void KernelTimeline::start() {
   if (!ok_) throw std::runtime_error("kernel timeline: " + error_);
   if (g_registered) return;
   check(g_api.register_callbacks(buffer_requested, buffer_completed), "register callbacks");
-  g_registered = true;
   check(g_api.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable concurrent-kernel records");
   check(g_api.enable(CUPTI_ACTIVITY_KIND_MEMSET), "enable memset records");
   check(g_api.enable(CUPTI_ACTIVITY_KIND_MEMCPY), "enable memcpy records");
+  g_registered = true;  // only when every kind is on: collect() refuses otherwise
 }
 
 uint64_t KernelTimeline::now_ns() const {
@@ -235,14 +239,15 @@ std::string one_table(const std::vector<const std::vector<KernelRecord>*>& group
   for (const auto* fw : group) {
     const std::vector<KernelRecord>& r = *fw;
     const double t0 = double(r[0].start_ns);
-    double prev_end = t0, last_end = t0, sum = 0;
+    double last_end = t0, sum = 0;  // the latest end so far
     for (size_t k = 0; k < nk; ++k) {
       const double s = double(r[k].start_ns) - t0, e = double(r[k].end_ns) - t0;
       dur[k].push_back((e - s) * 1e-3);
       beg[k].push_back(s * 1e-3);
       fin[k].push_back(e * 1e-3);
-      adv[k].push_back((double(r[k].end_ns) - prev_end) * 1e-3);
-      prev_end = double(r[k].end_ns);
+      // What this kernel adds to the span: how far its end lies past every earlier end (0 when it
+      // ended inside time already covered); the advances of a forward add up to its span.
+      adv[k].push_back(std::max(0.0, double(r[k].end_ns) - last_end) * 1e-3);
       last_end = std::max(last_end, double(r[k].end_ns));
       sum += e - s;
     }

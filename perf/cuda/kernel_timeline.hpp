@@ -58,8 +58,9 @@ std::vector<std::vector<KernelRecord>> split_forwards(const std::vector<KernelRe
 // Forwards summarised as markdown: the forwards are grouped by their kernel sequence (input sets
 // of different token counts can run different plans), and for each group a table gives per kernel
 // its median duration, its median start and end relative to the forward's first kernel start, and
-// its median advance (end minus the previous kernel's end: the time it adds to the forward's span;
-// the first kernel's advance is its duration), then the group's median span. Throws
+// its median advance (how far its end lies past the latest earlier end, 0 if not at all: the time it
+// adds to the forward's span; the first kernel's advance is its duration; a forward's advances add up
+// to its span), then the group's median span (medians of an even count: the mean of the middle two). Throws
 // std::runtime_error when there is no forward or a forward has no kernel.
 std::string timeline_tables(const std::vector<std::vector<KernelRecord>>& forwards);
 

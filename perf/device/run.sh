@@ -222,7 +222,7 @@ fi
 
 if want ab; then
   stamp "ab"
-  # A/B of one knob in the same lease: HK_AB="KNOB=v1,v2,..." on the cases of HK_AB_CASES (tuned,
+  # A/B of one knob in the same run: HK_AB="KNOB=v1,v2,..." on the cases of HK_AB_CASES (tuned,
   # one tune cache per value, the knob set for the whole process); ab.txt lists each case's median.
   ab_knob=${HK_AB%%=*}
   ab_vals=${HK_AB#*=}
@@ -245,15 +245,17 @@ fi
 
 if want ab_builds; then
   stamp "ab_builds"
-  # Two builds side by side in one lease (a change no knob switches): base = the build stage.sh was given
-  # as HK_AB_BASE, new = the staged one; tuned, random lengths, median ms per forward, alternating.
+  # Two builds side by side in one run (a change no knob switches): base = the build stage.sh was given
+  # as HK_AB_BASE, new = the staged one; tuned, random lengths, median ms per forward, the order of the
+  # two swapped from round to round.
   if [ -x "$pkg/bin/hk_bench_cuda_base" ]; then
     {
       echo "A/B of two builds (tuned, random lengths, median ms per forward; three rounds, alternating)"
       for c in ${HK_AB_CASES:-2}; do
         for round in 1 2 3; do
           line="case $c round $round"
-          for v in base new; do
+          order="base new"; [ $((round % 2)) -eq 0 ] && order="new base"
+          for v in $order; do
             bin=hk_bench_cuda; [ "$v" = base ] && bin=hk_bench_cuda_base
             ms=$(cd "$share" && "$bin" --only "$c" --tune on --tune-cache "$work/abb-$v-$c-$round" \
                    --benchmark_format=json 2>/dev/null |
@@ -272,11 +274,11 @@ fi
 
 if want timeline; then
   stamp "timeline"
-  # Its own process: kernel tracing is on for the whole run (tuning included), so these medians are
-  # not the bench phase's; the table says what tracing cost (event-timed medians traced).
+  # Its own process: kernel tracing is on for the whole run (tuning included), so both medians the
+  # table gives are traced; what tracing costs shows against the bench phase's untraced medians.
   (cd "$share" && hk_bench_cuda --tune on --tune-cache "$work/tune-timeline" --timeline "$OUT/timeline.md" \
      ${HK_TIMELINE_CASES:+--only "$HK_TIMELINE_CASES"} ${HK_TIMELINE_ARGS:-} --benchmark_format=console) 2>&1 | tail -20
-  [ -f "$OUT/timeline.md" ] && grep -E '^(====|no timeline|forwards traced|event-timed)' "$OUT/timeline.md" | head -60
+  [ -f "$OUT/timeline.md" ] && grep -E '^(====|no timeline|kernel sequence|median span|event-timed)' "$OUT/timeline.md" | head -60
 fi
 
 if want e2e; then

@@ -9,6 +9,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${HK_DEVICE_BUILD:-$root/build-device}
 stage=${HK_DEVICE_STAGE:-$root/stage}
+# HK_AB_BASE (see below) may be relative to the caller's directory.
+if [ -n "${HK_AB_BASE:-}" ]; then HK_AB_BASE=$(realpath "$HK_AB_BASE"); fi
 cd "$root"
 
 # Open MPI's runtime for a GPU machine that has none (HK_DEVICE_MPI=ON), under pkg/mpi: the
@@ -100,7 +102,7 @@ done | sort -u | grep -Ev "$system_libs" |
   while IFS= read -r lib; do cp -L "$lib" "$stage/pkg/lib/"; done
 # CUPTI for hk_bench_cuda --timeline: loaded at run time (so ldd does not list it), the toolkit's own.
 if [ -x "$stage/pkg/bin/hk_bench_cuda" ]; then
-  cupti=$(find /usr/local/cuda/lib64/ /usr/local/cuda/extras/CUPTI/lib64/ -maxdepth 1 -name 'libcupti.so.[0-9]*' 2>/dev/null | head -1 || true)
+  cupti=$(ls /usr/local/cuda/lib64/libcupti.so.13 /usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13 2>/dev/null | head -1 || true)
   [ -n "$cupti" ] && cp -L "$cupti" "$stage/pkg/lib/"
 fi
 cp apps/hk_reference.py perf/peers.py perf/device/summarize.py "$stage/pkg/share/" 2>/dev/null || true

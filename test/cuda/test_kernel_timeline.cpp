@@ -58,6 +58,18 @@ TEST(KernelTimeline, MediansAdvancesAndSpan) {
       << table;
 }
 
+TEST(KernelTimeline, AdvanceOfAKernelInsideCoveredTime) {
+  // b runs and ends inside a's time (a node beside others): it adds nothing; c ends 2 us past a. The
+  // advances add up to the span; medians of two forwards are the mean of the middle two.
+  const std::vector<KernelRecord> recs = {rec("a", 0, 10000),     rec("b", 1000, 3000),  rec("c", 2000, 12000),
+                                          rec("a", 100000, 110000), rec("b", 101000, 105000),
+                                          rec("c", 102000, 114000)};
+  const std::string t = hk::perf::timeline_tables(hk::perf::split_forwards(recs, {3, 3}));
+  EXPECT_EQ(row(t, 1), "| 1 | b | 8 x 256 | 64 | 2.0 | 3.00 | 1.00 | 4.00 | 0.00 |") << t;
+  EXPECT_EQ(row(t, 2), "| 2 | c | 8 x 256 | 64 | 2.0 | 11.00 | 2.00 | 13.00 | 3.00 |") << t;
+  EXPECT_NE(t.find("median span (first kernel start to last kernel end) 13.00 us"), std::string::npos) << t;
+}
+
 TEST(KernelTimeline, ClusterShapeShown) {
   KernelRecord r = rec("k", 0, 1000);
   r.cluster = 4;
