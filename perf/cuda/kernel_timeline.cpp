@@ -19,7 +19,6 @@ namespace {
 struct Api {
   decltype(&cuptiActivityRegisterCallbacks) register_callbacks = nullptr;
   decltype(&cuptiActivityEnable) enable = nullptr;
-  decltype(&cuptiActivityDisable) disable = nullptr;
   decltype(&cuptiActivityFlushAll) flush_all = nullptr;
   decltype(&cuptiActivityGetNextRecord) next_record = nullptr;
   decltype(&cuptiActivityGetNumDroppedRecords) dropped = nullptr;
@@ -150,7 +149,6 @@ KernelTimeline::KernelTimeline() {
   }
   const bool all = resolve(lib_, "cuptiActivityRegisterCallbacks", g_api.register_callbacks) &&
                    resolve(lib_, "cuptiActivityEnable", g_api.enable) &&
-                   resolve(lib_, "cuptiActivityDisable", g_api.disable) &&
                    resolve(lib_, "cuptiActivityFlushAll", g_api.flush_all) &&
                    resolve(lib_, "cuptiActivityGetNextRecord", g_api.next_record) &&
                    resolve(lib_, "cuptiActivityGetNumDroppedRecords", g_api.dropped) &&
