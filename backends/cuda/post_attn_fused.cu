@@ -1048,6 +1048,7 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
       }
     }
   };
+  load_vectors(p);
 
   const uint32_t s_wo = smem_u32(smem) + uint32_t(T::kVecBytes);
   const uint32_t s_wi = s_wo + uint32_t(DP * SA) * 2u;
@@ -1067,10 +1068,6 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
   const uint32_t s_next_wo = s_k, s_next_wi = s_k + uint32_t(DP * SA) * 2u;
   const uint32_t s_next_wf = s_k + uint32_t(attn_kv_bytes(DP, FP, p.S, kModel));
 
-  // kFront: Wqkv_front is the first weight the block needs (the front's QKV product, while the
-  // others wait for the attention), so its copy is issued first; the vectors' blocking loads go
-  // last, behind every weight load in flight.
-  if constexpr (kFront) copy_panel<3 * DP, DP, SA>(s_wq, p.w_qkv_front, D, 3 * D, D, tid, int(blockDim.x));
   // kRegW: this warp's weight columns as B fragments (empty arrays otherwise).
   uint32_t rwo[kRegW ? NTW : 1][kRegW ? DP / 16 : 1][2];
   uint32_t rwi[kRegW ? NTF : 1][kRegW ? DP / 16 : 1][2];
@@ -1084,8 +1081,7 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
     copy_panel<FP, DP, SA>(s_wi, p.w_in, D, FP, D, tid, int(blockDim.x));
     copy_panel<DP, FP, SF>(s_wf, p.w_out, FP, D, FP, tid, int(blockDim.x));
   }
-  if constexpr (kQkv && !kFront) copy_panel<3 * DP, DP, SA>(s_wq, p.w_qkv, D, 3 * D, D, tid, int(blockDim.x));
-  load_vectors(p);
+  if constexpr (kQkv) copy_panel<3 * DP, DP, SA>(s_wq, kFront ? p.w_qkv_front : p.w_qkv, D, 3 * D, D, tid, int(blockDim.x));
   pdl_launch_dependents();
   pdl_wait();  // launch_pdl: vectors and weights are staged before the previous kernel ends
 
@@ -1104,10 +1100,8 @@ __device__ __forceinline__ void split_chain(const PostAttnParams& p0, const Post
   int64_t blk = int64_t(grp) * gridDim.x + blockIdx.x;
   if (!kAttn && blk < nblk) load_o(blk * kWarpRows);
   cp_async_commit();
-  // kAttn: the copies in flight are Wqkv's, awaited where it is first read (the front's QKV product,
-  // or the staging's wait); the front's x loads and LayerNorm need not wait for them.
-  if constexpr (!kAttn) cp_async_wait_all();
-  __syncthreads();  // weights (kAttn: the registers'), vectors and the first o tiles visible
+  cp_async_wait_all();
+  __syncthreads();  // weights, vectors and the first o tiles visible
   // kAttn: row blocks per sequence (= the cluster size) and the softmax scale in exp2 units.
   const int tiles_per_seq = kAttn ? p.S / kWarpRows : 1;
   const float sl2 = p.attn_scale * 1.4426950408889634f;
