@@ -220,6 +220,17 @@ if want bench_qkvlt; then
      ${HK_BENCH_QKVLT_ARGS:-}) 2>&1 | tail -20
 fi
 
+# The first benchmark of a hk_bench_cuda JSON report (a file, or stdin with -): its median in ms
+# (real_time), with "with_startup": also the first forward's start-up (tuning included) in ms.
+bench_ms() {
+  python3 -c '
+import json, sys
+src = sys.stdin if sys.argv[1] == "-" else open(sys.argv[1])
+b = json.load(src)["benchmarks"][0]
+print("%.4f" % b["real_time"] + (" (start-up %.0f ms)" % b["startup_ms"] if sys.argv[2:] == ["with_startup"] else ""))
+' "$@" 2>/dev/null || echo failed
+}
+
 if want ab; then
   stamp "ab"
   # A/B of one knob in the same run: HK_AB="KNOB=v1,v2,..." on the cases of HK_AB_CASES (tuned,
@@ -234,8 +245,7 @@ if want ab; then
         (cd "$share" && env "$ab_knob=$v" hk_bench_cuda --only "$c" --tune on --tune-cache "$work/ab-$v" \
            --plans "$OUT/ab-plans-$c-$v.txt" \
            --benchmark_format=json --benchmark_out="$OUT/ab-$c-$v.json" --benchmark_out_format=json) >/dev/null 2>&1
-        ms=$(python3 -c "import json,sys; b=json.load(open(sys.argv[1]))['benchmarks'][0]; print('%.4f' % b['real_time'])" \
-             "$OUT/ab-$c-$v.json" 2>/dev/null || echo failed)
+        ms=$(bench_ms "$OUT/ab-$c-$v.json")
         line="$line  $v $ms"
       done
       echo "$line"
@@ -250,7 +260,7 @@ if want ab_builds; then
   # two swapped from round to round.
   if [ -x "$pkg/bin/hk_bench_cuda_base" ]; then
     {
-      echo "A/B of two builds (tuned, random lengths, median ms per forward; three rounds, alternating)"
+      echo "A/B of two builds (tuned, random lengths, median ms per forward and the first forward's start-up; three rounds, alternating)"
       for c in ${HK_AB_CASES:-2}; do
         for round in 1 2 3; do
           line="case $c round $round"
@@ -258,9 +268,7 @@ if want ab_builds; then
           for v in $order; do
             bin=hk_bench_cuda; [ "$v" = base ] && bin=hk_bench_cuda_base
             ms=$(cd "$share" && "$bin" --only "$c" --tune on --tune-cache "$work/abb-$v-$c-$round" \
-                   --benchmark_format=json 2>/dev/null |
-                 python3 -c "import json,sys; print('%.4f' % json.load(sys.stdin)['benchmarks'][0]['real_time'])" \
-                 2>/dev/null || echo failed)
+                   --benchmark_format=json 2>/dev/null | bench_ms - with_startup)
             line="$line  $v $ms"
           done
           echo "$line"
