@@ -1791,6 +1791,12 @@ std::vector<PlannedKernel<Ctx>> CudaEngine::Impl::replan_forcing(Plan& p, const 
 // whose options include a chain, the whole forward is timed with each option at every segment of
 // that label (the option the plan chose first: it wins ties), and the faster plan stays
 // (key "plan.forward.<label>"). With y == x the caller's input is put back before every re-plan.
+//
+// An option that leaves a chain out uncovers shorter segments with chain options of their own
+// (the first layer's ln1 + QKV + attention chain against ln1, then QKV + attention, then the
+// post-attention chain): those segments are decided in that option's forward before the options
+// are compared (keys "plan.forward.<label>=<option>.<inner label>"), so that the option is
+// compared at its best, not with the shorter segments as timed alone.
 void CudaEngine::Impl::decide_chains_in_forward(Plan& p, const Ctx& c) {
   struct Label {
     std::string text;
@@ -1799,42 +1805,52 @@ void CudaEngine::Impl::decide_chains_in_forward(Plan& p, const Ctx& c) {
     int chosen = 0;
     int count = 0;  // steps of the segment
   };
-  std::vector<std::string> plan_sources;
-  for (const auto& k : p.kernels) {
-    const KernelMeta& m = p.meta[p.index_of(k.kernel)];
-    plan_sources.insert(plan_sources.end(), m.sources.begin(), m.sources.end());
-  }
-  std::vector<Label> labels;
-  for (const auto& k : p.kernels) {
-    const tune::Segment<Ctx> seg = tune::segment_options(steps, p.table, p.shape, size_t(k.first));
-    if (seg.count < 2 || seg.options.size() < 2 || pinned_option(p, seg) >= 0) continue;
-    Label l;
-    l.text = tune::segment_label(steps, seg.first, seg.count);
-    l.count = seg.count;
-    bool seen = false;
-    for (const Label& o : labels) seen = seen || o.text == l.text;
-    if (seen) continue;
-    l.sources = plan_sources;
-    for (size_t i = 0; i < seg.options.size(); ++i) {
-      std::string id;
-      for (const auto& kk : seg.options[i].kernels) {
-        const KernelMeta& m = p.meta[p.index_of(kk.kernel)];
-        id += (id.empty() ? "" : "+") + m.id;
-        l.sources.insert(l.sources.end(), m.sources.begin(), m.sources.end());
-      }
-      l.ids.push_back(id);
-      const PlannedKernel<Ctx>& head = seg.options[i].kernels.front();
-      if (head.kernel == k.kernel && head.count == k.count) l.chosen = int(i);
+  using Kernels = std::vector<PlannedKernel<Ctx>>;
+  using Forced = std::map<std::string, int>;
+  // The labels of the segments starting at a plan's kernels that have two options or more and no
+  // pin, each once, with the plan's option.
+  auto collect = [&](const Kernels& kernels) {
+    std::vector<std::string> plan_sources;
+    for (const auto& k : kernels) {
+      const KernelMeta& m = p.meta[p.index_of(k.kernel)];
+      plan_sources.insert(plan_sources.end(), m.sources.begin(), m.sources.end());
     }
-    std::sort(l.sources.begin(), l.sources.end());
-    l.sources.erase(std::unique(l.sources.begin(), l.sources.end()), l.sources.end());
-    labels.push_back(std::move(l));
-  }
+    std::vector<Label> labels;
+    for (const auto& k : kernels) {
+      const tune::Segment<Ctx> seg = tune::segment_options(steps, p.table, p.shape, size_t(k.first));
+      if (seg.count < 2 || seg.options.size() < 2 || pinned_option(p, seg) >= 0) continue;
+      Label l;
+      l.text = tune::segment_label(steps, seg.first, seg.count);
+      l.count = seg.count;
+      bool seen = false;
+      for (const Label& o : labels) seen = seen || o.text == l.text;
+      if (seen) continue;
+      l.sources = plan_sources;
+      for (size_t i = 0; i < seg.options.size(); ++i) {
+        std::string id;
+        for (const auto& kk : seg.options[i].kernels) {
+          const KernelMeta& m = p.meta[p.index_of(kk.kernel)];
+          id += (id.empty() ? "" : "+") + m.id;
+          l.sources.insert(l.sources.end(), m.sources.begin(), m.sources.end());
+        }
+        l.ids.push_back(id);
+        const PlannedKernel<Ctx>& head = seg.options[i].kernels.front();
+        if (head.kernel == k.kernel && head.count == k.count) l.chosen = int(i);
+      }
+      std::sort(l.sources.begin(), l.sources.end());
+      l.sources.erase(std::unique(l.sources.begin(), l.sources.end()), l.sources.end());
+      labels.push_back(std::move(l));
+    }
+    return labels;
+  };
+  std::vector<Label> labels = collect(p.kernels);
   // The longest segments first: a chain that starts inside a shorter label's segment (the
   // attention chain inside QKV + attention's) is only a segment of the plan while that shorter
   // label's chain is not forced, so it is compared before; the shorter labels are then decided
   // with it in place. Ties keep the plan's order.
   std::stable_sort(labels.begin(), labels.end(), [](const Label& a, const Label& b) { return a.count > b.count; });
+  std::vector<std::string> top;  // the plan's own labels (decided in the passes below)
+  for (const Label& l : labels) top.push_back(l.text);
   const size_t x_bytes = size_t(p.B) * size_t(S) * size_t(cfg.d_model) * sizeof(float);
   auto restore_input = [&] {
     if (c.y == c.x)
@@ -1849,64 +1865,95 @@ void CudaEngine::Impl::decide_chains_in_forward(Plan& p, const Ctx& c) {
                                 {"gelu", &pin_gelu}, {"layout", &pin_layout}, {"algo", &pin_algo},
                                 {"chains", &pin_chains}})
     if (!v->empty()) pins_suffix += "." + std::string(name) + "_" + *v;
-  std::map<std::string, int> forced;  // the labels decided so far, with their options
+  std::string pass_suffix;  // "" in the first pass, ".again" in the second
+
+  // Decides label l in the forward of `kernels` (whose option at l is `current`; the labels of f
+  // forced): the forward is timed with each option that the per-segment decision did not reject,
+  // `current` first (it wins ties). The winner's plan replaces kernels and its forced labels f.
+  // Each other option first has the labels it uncovers decided (refine). Returns whether another
+  // option than `current` won.
+  std::function<void(Kernels&, Forced&, const std::string&)> refine;
+  auto decide = [&](const Label& l, int current, const std::string& name, Kernels& kernels, Forced& f) {
+    const tune::Decision* seg_d = nullptr;
+    for (const tune::Decision& d : p.decisions)
+      if (d.op == "plan." + l.text && !seg_d) seg_d = &d;
+    auto excluded = [&](int i) {
+      if (!seg_d || size_t(i) >= seg_d->results.size()) return false;
+      const tune::Verdict v = seg_d->results[size_t(i)].verdict;
+      return v == tune::Verdict::rejected_numeric || v == tune::Verdict::failed;
+    };
+    std::vector<int> order = {current};
+    for (int i = 0; i < int(l.ids.size()); ++i)
+      if (i != current && !excluded(i)) order.push_back(i);
+    if (order.size() < 2) return false;
+    std::vector<tune::Candidate> cands;
+    for (int i : order)
+      cands.push_back({l.ids[size_t(i)], "the forward with " + l.ids[size_t(i)] + " at every " + l.text});
+    const tune::TuneKey k = key(p, "plan.forward." + name + pins_suffix + pass_suffix, l.sources);
+    auto uncovered = [&](int i) { return name + "=" + l.ids[size_t(i)] + "."; };  // inner keys' prefix
+    if (chooser->answered(k, cands, opt)) {
+      // Known answer: only the chosen plan is built (an alternative's GEMMs would set up cuBLASLt
+      // combinations the forward never uses: tens of ms of start-up per process).
+      const tune::Decision d = chooser->decide(k, cands, tune::Probe{}, opt);
+      if (d.source != tune::Source::memo && d.source != tune::Source::single) p.decisions.push_back(d);
+      f[l.text] = order[size_t(d.chosen)];
+      if (d.chosen == 0) return false;
+      restore_input();
+      kernels = replan_forcing(p, c, f);
+      refine(kernels, f, uncovered(order[size_t(d.chosen)]));
+      return true;
+    }
+    std::vector<Kernels> plans;
+    std::vector<Forced> fs;
+    for (int i : order) {
+      Forced fi = f;
+      fi[l.text] = i;
+      if (i == current) {
+        plans.push_back(kernels);
+      } else {
+        restore_input();
+        plans.push_back(replan_forcing(p, c, fi));
+        refine(plans.back(), fi, uncovered(i));
+      }
+      fs.push_back(std::move(fi));
+    }
+    restore_input();
+    auto run_with = [&](int i, Ctx& cc) { run_plan(plans[size_t(i)], steps, cc); };
+    const tune::Decision d = decide_by_forward(p, c, k, cands, run_with);
+    p.decisions.push_back(d);
+    kernels = plans[size_t(d.chosen)];
+    f = fs[size_t(d.chosen)];
+    return d.chosen != 0;
+  };
+  // The labels of `kernels` that are neither the plan's own nor forced yet, decided in its forward
+  // one at a time, the longest first (a switch can uncover more), keys under `prefix`; their own
+  // options refined in turn (QKV + attention in one kernel uncovers the post-attention chain's
+  // segment). Each level forces one more label, so the recursion ends.
+  refine = [&](Kernels& kernels, Forced& f, const std::string& prefix) {
+    for (;;) {
+      const std::vector<Label> found = collect(kernels);
+      const Label* next = nullptr;
+      for (const Label& l : found)
+        if (std::find(top.begin(), top.end(), l.text) == top.end() && !f.count(l.text) &&
+            (!next || l.count > next->count))
+          next = &l;
+      if (!next) return;
+      if (!decide(*next, next->chosen, prefix + next->text, kernels, f)) f[next->text] = next->chosen;
+    }
+  };
+
+  Forced forced;  // the labels decided so far, with their options
   // Each label is decided with the labels before it as decided and those after it as the plan had
   // them. A switch can change what is best for an earlier label (a chain forced later removes the
   // boundary that made an earlier alternative lose), so when the first pass switched any label,
   // a second pass decides every label again from the plan as it then is (keys ".again").
   bool switched = false;
   for (int pass = 0; pass < 2 && (pass == 0 || switched); ++pass) {
+    pass_suffix = pass == 1 ? ".again" : "";
     for (const Label& l : labels) {
       const auto fl = forced.find(l.text);
       const int current = pass == 1 && fl != forced.end() ? fl->second : l.chosen;
-      // Options the per-segment decision rejected (numeric guard) or saw fail are not offered again.
-      const tune::Decision* seg_d = nullptr;
-      for (const tune::Decision& d : p.decisions)
-        if (d.op == "plan." + l.text && !seg_d) seg_d = &d;
-      auto excluded = [&](int i) {
-        if (!seg_d || size_t(i) >= seg_d->results.size()) return false;
-        const tune::Verdict v = seg_d->results[size_t(i)].verdict;
-        return v == tune::Verdict::rejected_numeric || v == tune::Verdict::failed;
-      };
-      std::vector<int> order = {current};
-      for (int i = 0; i < int(l.ids.size()); ++i)
-        if (i != current && !excluded(i)) order.push_back(i);
-      if (order.size() < 2) continue;
-      std::vector<tune::Candidate> cands;
-      for (int i : order)
-        cands.push_back({l.ids[size_t(i)], "the forward with " + l.ids[size_t(i)] + " at every " + l.text});
-      const tune::TuneKey k = key(p, "plan.forward." + l.text + pins_suffix + (pass == 1 ? ".again" : ""), l.sources);
-      if (chooser->answered(k, cands, opt)) {
-        // Known answer: only the chosen plan is built (an alternative's GEMMs would set up cuBLASLt
-        // combinations the forward never uses: tens of ms of start-up per process).
-        const tune::Decision d = chooser->decide(k, cands, tune::Probe{}, opt);
-        if (d.source != tune::Source::memo && d.source != tune::Source::single) p.decisions.push_back(d);
-        forced[l.text] = order[size_t(d.chosen)];
-        if (d.chosen != 0) {
-          switched = true;
-          restore_input();
-          p.kernels = replan_forcing(p, c, forced);
-        }
-        continue;
-      }
-      std::vector<std::vector<PlannedKernel<Ctx>>> plans;
-      for (int i : order) {
-        if (i == current) {
-          plans.push_back(p.kernels);
-        } else {
-          restore_input();
-          std::map<std::string, int> f = forced;
-          f[l.text] = i;
-          plans.push_back(replan_forcing(p, c, f));
-        }
-      }
-      restore_input();
-      auto run_with = [&](int i, Ctx& cc) { run_plan(plans[size_t(i)], steps, cc); };
-      const tune::Decision d = decide_by_forward(p, c, k, cands, run_with);
-      p.decisions.push_back(d);
-      p.kernels = plans[size_t(d.chosen)];
-      forced[l.text] = order[size_t(d.chosen)];
-      if (d.chosen != 0) switched = true;
+      if (decide(l, current, l.text, p.kernels, forced)) switched = true;
     }
   }
 }

@@ -24,7 +24,8 @@
 //                      [--lengths random|full] [--plans FILE] [--timeline FILE]
 //                      [google benchmark flags]
 // --plans FILE: each case's plan as it ran (explain of the plan used: kernels, GEMM algorithms,
-// every decision with its candidates' times) is appended to FILE.
+// every decision with its candidates' times) is appended to FILE; where input sets of other token
+// counts run other plans, each of them, with the sets that run it.
 // --timeline FILE: kernel tracing through CUPTI (kernel_timeline.hpp) is on for the whole run; after
 // each case's timed replays, 50 more forwards back to back are collected and the case's kernel
 // timeline (per kernel: duration, start and end in the forward, the time it adds to the forward's
@@ -45,6 +46,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/engine.hpp"
@@ -218,9 +220,28 @@ void bench_case(benchmark::State& state, Case c, Tune tune) {
   }
   state.SetLabel(engine.device() + (routes.tune ? ", tuned" : ", untuned"));
   if (!g_plans.empty()) {
+    // Input sets of other token counts may run other plans: each set's forward once, its plan's
+    // explain kept, sets with the same plan listed together.
+    std::vector<std::pair<std::string, std::string>> plans;  // explain, "set i (T tokens)" list
+    for (int i = 0; i < sets; ++i) {
+      engine.forward_device(xs[i], lens[i], c.B, stream, tokens[i]);
+      check(cudaStreamSynchronize(stream), "plan report");
+      const std::string text = engine.explain_last(c.B);
+      const std::string who = "set " + std::to_string(i) + " (" + std::to_string(tokens[i]) + " tokens)";
+      auto it = std::find_if(plans.begin(), plans.end(), [&](const auto& q) { return q.first == text; });
+      if (it == plans.end()) {
+        plans.emplace_back(text, who);
+      } else {
+        it->second += ", " + who;
+      }
+    }
     if (std::FILE* f = std::fopen(g_plans.c_str(), "a")) {
-      std::fprintf(f, "==== case %d (%s, %s lengths): %.4f ms\n%s\n", c.id, routes.tune ? "tuned" : "untuned",
-                   g_full ? "full" : "random", ms[reps / 2], engine.explain_last(c.B).c_str());
+      std::fprintf(f, "==== case %d (%s, %s lengths): %.4f ms\n", c.id, routes.tune ? "tuned" : "untuned",
+                   g_full ? "full" : "random", ms[reps / 2]);
+      for (size_t k = 0; k < plans.size(); ++k) {
+        if (plans.size() > 1) std::fprintf(f, "-- plan %zu of %zu: input %s\n", k + 1, plans.size(), plans[k].second.c_str());
+        std::fprintf(f, "%s\n", plans[k].first.c_str());
+      }
       std::fclose(f);
     }
   }
