@@ -1726,7 +1726,7 @@ Resolved resolve_split(const PostAttnConfig& cfg, int64_t rows, const DeviceLimi
 // `fn` called with the split width and the weight placement as compile-time constants: width 8
 // for split >= 8, else 4; weights in registers only with width 8 (cfg.reg_weights). (Width 16 at
 // D = 128, one n8 tile of each product per warp, was measured slower than 8 in every case, with and
-// without the QKV projection: perf/RESULTS.md, seventeenth lease; not instantiated.)
+// without the QKV projection: perf/RESULTS.md, seventeenth GPU run; not instantiated.)
 template <class Fn>
 auto with_split_variant(const PostAttnConfig& cfg, Fn&& fn) {
   if (cfg.split >= 8 && cfg.reg_weights != 0) return fn(std::integral_constant<int, 8>{}, std::true_type{});

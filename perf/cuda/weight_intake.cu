@@ -1,7 +1,7 @@
 // How fast the SMs of one thread-block cluster take in a model's weights from L2: the question
 // behind the whole-model column kernel at small batches (model_persistent.cu), where every CTA of
 // a cluster streams every layer's weights (192 KB per layer at D = F = 128) and a CTA without work
-// still needs ~3.3 us per layer for it (perf/RESULTS.md, twenty-fourth lease).
+// still needs ~3.3 us per layer for it (perf/RESULTS.md, twenty-fourth GPU run).
 //
 // Each CTA (16 warps, as the column kernel) takes in `layers` x 192 KB, `reps` times, in units of
 // 32 KB (one weight matrix), a CTA barrier after each unit (the kernel's phase barrier), by:
