@@ -16,6 +16,7 @@
 #   ab.txt           phase ab: one knob's values side by side on chosen cases (HK_AB, HK_AB_CASES)
 #   ab_builds.txt    phase ab_builds: the staged hk_bench_cuda against an earlier build carried by stage.sh
 #                    (HK_AB_BASE), alternating, three rounds, fresh tune caches, on the cases of HK_AB_CASES
+#                    (HK_AB_ARGS: more hk_bench_cuda arguments for both builds, e.g. "--lengths full")
 #   timeline.md      phase timeline: per case the kernels of the replayed forward as the GPU ran them (CUPTI
 #                    activity records: duration, start, end, the time each adds to the span), tuned, random
 #                    lengths (HK_TIMELINE_CASES, default all; HK_TIMELINE_ARGS e.g. "--lengths full")
@@ -260,14 +261,14 @@ if want ab_builds; then
   # two swapped from round to round.
   if [ -x "$pkg/bin/hk_bench_cuda_base" ]; then
     {
-      echo "A/B of two builds (tuned, random lengths, median ms per forward and the first forward's start-up; three rounds, alternating)"
+      echo "A/B of two builds (tuned, ${HK_AB_ARGS:-random lengths}, median ms per forward and the first forward's start-up; three rounds, alternating)"
       for c in ${HK_AB_CASES:-2}; do
         for round in 1 2 3; do
           line="case $c round $round"
           order="base new"; [ $((round % 2)) -eq 0 ] && order="new base"
           for v in $order; do
             bin=hk_bench_cuda; [ "$v" = base ] && bin=hk_bench_cuda_base
-            ms=$(cd "$share" && "$bin" --only "$c" --tune on --tune-cache "$work/abb-$v-$c-$round" \
+            ms=$(cd "$share" && "$bin" --only "$c" --tune on --tune-cache "$work/abb-$v-$c-$round" ${HK_AB_ARGS:-} \
                    --benchmark_format=json 2>/dev/null | bench_ms - with_startup)
             line="$line  $v $ms"
           done
