@@ -1874,17 +1874,20 @@ void CudaEngine::Impl::decide_chains_in_forward(Plan& p, const Ctx& c) {
   // option than `current` won.
   std::function<void(Kernels&, Forced&, const std::string&)> refine;
   auto decide = [&](const Label& l, int current, const std::string& name, Kernels& kernels, Forced& f) {
-    const tune::Decision* seg_d = nullptr;
-    for (const tune::Decision& d : p.decisions)
-      if (d.op == "plan." + l.text && !seg_d) seg_d = &d;
-    auto excluded = [&](int i) {
-      if (!seg_d || size_t(i) >= seg_d->results.size()) return false;
-      const tune::Verdict v = seg_d->results[size_t(i)].verdict;
-      return v == tune::Verdict::rejected_numeric || v == tune::Verdict::failed;
-    };
+    // The per-segment decision's verdicts, copied before anything below adds decisions (its op as
+    // key() names it: with own kernels only, "plan.<label>.own").
+    const std::string seg_op = key(p, "plan." + l.text, {}).op;
+    std::vector<bool> excluded(l.ids.size(), false);
+    for (const tune::Decision& d : p.decisions) {
+      if (d.op != seg_op) continue;
+      for (size_t i = 0; i < d.results.size() && i < excluded.size(); ++i)
+        excluded[i] = d.results[i].verdict == tune::Verdict::rejected_numeric ||
+                      d.results[i].verdict == tune::Verdict::failed;
+      break;
+    }
     std::vector<int> order = {current};
     for (int i = 0; i < int(l.ids.size()); ++i)
-      if (i != current && !excluded(i)) order.push_back(i);
+      if (i != current && !excluded[size_t(i)]) order.push_back(i);
     if (order.size() < 2) return false;
     std::vector<tune::Candidate> cands;
     for (int i : order)
