@@ -800,6 +800,17 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B, int64_t rows) {
   }
 
   build_table(*p);
+  // Why the attention has no route, with what does run it (the f16 kernels read a head as
+  // 16-byte chunks: head_dim a multiple of 8; the f32 flash kernel takes any head_dim up to 256).
+  auto attention_gap = [&]() -> std::string {
+    if (flash_route_supports(a)) return "";
+    if (!flash_route_compiled()) return " (the flash route is not part of this build)";
+    const std::string hd = std::to_string(a.head_dim);
+    if (act == DType::f16 && a.head_dim % 8 != 0 && a.head_dim <= 256)
+      return " (the fast precision's attention kernels take head_dim a multiple of 8, not " + hd +
+             "; precision fp32 runs it: hk_forward --precision fp32)";
+    return " (no attention route supports head_dim " + hd + " in " + (act == DType::f16 ? "f16" : "f32") + ")";
+  };
   if (!routes.tune) {
     // Untuned: nothing is measured, so the plan needs no data: the defaults (and pins) now.
     Ctx none{capture_stream, nullptr, nullptr, nullptr};
@@ -808,13 +819,8 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B, int64_t rows) {
       decide_whole_model(*p, none);  // only a pin (HK_CHAINS=persistent) applies untuned
       finish_plan(*p);
     } catch (const Error& e) {
-      std::string detail;
-      if (!flash_route_supports(a))
-        detail = flash_route_compiled() ? " (the flash route does not support head_dim " +
-                                              std::to_string(a.head_dim) + " in " +
-                                              (act == DType::f16 ? "f16" : "f32") + ")"
-                                        : " (the flash route is not part of this build)";
-      throw Error(std::string("cuda backend: cannot plan B = ") + std::to_string(B) + ": " + e.what() + detail);
+      throw Error(std::string("cuda backend: cannot plan B = ") + std::to_string(B) + ": " + e.what() +
+                  attention_gap());
     }
   } else {
     // A tuning engine chooses during the first forward; fail now if no route covers a step.
@@ -822,7 +828,7 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B, int64_t rows) {
       (void)hk::make_plan(steps, p->table, p->shape);
     } catch (const Error& e) {
       throw Error(std::string("cuda backend: cannot plan B = ") + std::to_string(B) + ": " + e.what() +
-                  (flash_route_supports(a) ? "" : " (no attention route supports this shape)"));
+                  attention_gap());
     }
   }
   return p;
