@@ -5,7 +5,7 @@
 #   env.txt          device, driver, library versions, measured copy bandwidth and GEMM rate
 #   tests.log        GPU test programs, one section each
 #   sanitizer.log    compute-sanitizer memcheck / racecheck / initcheck / synccheck (sanitize.sh)
-#   accuracy.log     hk_forward vs the float64 PyTorch reference per case
+#   accuracy.log     hk_forward vs the float64 PyTorch reference per case (HK_ACCURACY_CASES: a subset)
 #   bench_hk.json    Google Benchmark JSON of hk's forward per case, tuned with a fresh tune cache (random
 #                    lengths; HK_BENCH_ARGS="--tune both" adds the untuned engine, default "--tune on")
 #   plans.txt        each benchmarked case's plan as it ran (kernels, GEMM algorithms, decisions with times)
@@ -144,8 +144,10 @@ if want accuracy; then
   : > "$OUT/accuracy.log"
   # Every case of cases.csv at full size except the very large ones (batch scaled down so the
   # float64 PyTorch reference stays quick), fast and fp32 precision.
+  # HK_ACCURACY_CASES="11 12 13": only those cases (default: all).
   while IFS=, read -r c B S D H F L causal note; do
     [ "$c" = case ] && continue
+    if [ -n "${HK_ACCURACY_CASES:-}" ] && [[ " $HK_ACCURACY_CASES " != *" $c "* ]]; then continue; fi
     nb=$B
     [ $(( B * S )) -gt 16384 ] && nb=$(( 16384 / S ))
     [ "$nb" -lt 1 ] && nb=1
