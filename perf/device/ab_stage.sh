@@ -20,8 +20,9 @@ if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
 fi
 build=${HK_DEVICE_BUILD:-$root/build-device}
 [ -f "$build/CMakeCache.txt" ] || { echo "ab_stage: no configured build in $build (see stage.sh)" >&2; exit 1; }
-base_bin=$(mktemp -d)/hk_bench_cuda_base
-trap 'git checkout -q "$start"' EXIT
+base_dir=$(mktemp -d)  # the base binary; stage.sh packs a stripped copy of it, so it goes at exit
+base_bin=$base_dir/hk_bench_cuda_base
+trap 'git checkout -q "$start"; rm -rf "$base_dir"' EXIT
 
 echo "ab_stage: base $(git log --oneline -1 "$base_rev")"
 git checkout -q "$base_rev"
@@ -31,4 +32,4 @@ cp "$build/perf/cuda/hk_bench_cuda" "$base_bin"
 echo "ab_stage: new $(git log --oneline -1 "$new_rev")"
 git checkout -q "$new_rev"
 HK_AB_BASE=$base_bin HK_DEVICE_BUILD=$build perf/device/stage.sh
-echo "ab_stage: staged $(git rev-parse --short "$new_rev") with base $(git rev-parse --short "$base_rev") ($base_bin)"
+echo "ab_stage: staged $(git rev-parse --short "$new_rev") with base $(git rev-parse --short "$base_rev")"
