@@ -238,20 +238,30 @@ if want ab; then
   stamp "ab"
   # A/B of one knob in the same run: HK_AB="KNOB=v1,v2,..." on the cases of HK_AB_CASES (tuned,
   # one tune cache per value, the knob set for the whole process); ab.txt lists each case's median.
+  # HK_AB_ROUNDS=N: N rounds, the order of the values reversed every other round.
+  # HK_AB_SHARED_CACHE=1: one tune cache per case for every value (the first run tunes, the others
+  # take its decisions), for a knob whose own decision the value pins: everything else stays equal.
   ab_knob=${HK_AB%%=*}
   ab_vals=${HK_AB#*=}
   {
-    echo "A/B of $ab_knob (tuned, random lengths, median ms per forward; hk_bench_cuda --only C)"
+    echo "A/B of $ab_knob (tuned, random lengths, median ms per forward; hk_bench_cuda --only C;" \
+         "${HK_AB_ROUNDS:-1} round(s)$([ "${HK_AB_SHARED_CACHE:-0}" = 1 ] && echo ', one tune cache per case'))"
     for c in ${HK_AB_CASES:-1 2 6}; do
-      line="case $c"
-      for v in ${ab_vals//,/ }; do
-        (cd "$share" && env "$ab_knob=$v" hk_bench_cuda --only "$c" --tune on --tune-cache "$work/ab-$v" \
-           --plans "$OUT/ab-plans-$c-$v.txt" \
-           --benchmark_format=json --benchmark_out="$OUT/ab-$c-$v.json" --benchmark_out_format=json) >/dev/null 2>&1
-        ms=$(bench_ms "$OUT/ab-$c-$v.json")
-        line="$line  $v $ms"
+      for round in $(seq 1 "${HK_AB_ROUNDS:-1}"); do
+        line="case $c"
+        [ "${HK_AB_ROUNDS:-1}" -gt 1 ] && line="$line round $round"
+        vals=${ab_vals//,/ }
+        [ $((round % 2)) -eq 0 ] && vals=$(echo $vals | tr ' ' '\n' | tac | tr '\n' ' ')
+        for v in $vals; do
+          cache="$work/ab-$v"; [ "${HK_AB_SHARED_CACHE:-0}" = 1 ] && cache="$work/ab-shared-$c"
+          (cd "$share" && env "$ab_knob=$v" hk_bench_cuda --only "$c" --tune on --tune-cache "$cache" \
+             --plans "$OUT/ab-plans-$c-$v.txt" \
+             --benchmark_format=json --benchmark_out="$OUT/ab-$c-$v.json" --benchmark_out_format=json) >/dev/null 2>&1
+          ms=$(bench_ms "$OUT/ab-$c-$v.json")
+          line="$line  $v $ms"
+        done
+        echo "$line"
       done
-      echo "$line"
     done
   } 2>&1 | tee "$OUT/ab.txt"
 fi
