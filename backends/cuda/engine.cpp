@@ -374,6 +374,18 @@ struct CudaEngine::Impl {
   cudaStream_t stream = nullptr;          // host path, eager default
   cudaStream_t capture_stream = nullptr;  // warm-ups, captures, tuning
   cudaEvent_t done = nullptr;             // recorded after every forward (and warm-up)
+  cudaStream_t done_stream = nullptr;     // the stream `done` was last recorded on (record_done)
+  // `done` is recorded only here, so that done_stream stays true. A wait on one of the engine's own
+  // streams for `done` last recorded on that same stream is ordered by the stream itself and is
+  // left out; a caller's stream always waits (its handle may have been destroyed and reused).
+  void record_done(cudaStream_t s) {
+    HK_CUDA_CHECK(cudaEventRecord(done, s));
+    done_stream = s;
+  }
+  void wait_done(cudaStream_t s) {
+    const bool own = s == stream || s == capture_stream;
+    if (!own || s != done_stream) HK_CUDA_CHECK(cudaStreamWaitEvent(s, done, 0));
+  }
   cudaEvent_t caller = nullptr;           // orders a warm-up after the caller's stream
   cublasLtHandle_t lt = nullptr;  // made on first use (lt_handle): own-kernel plans never load cuBLASLt
   cublasLtHandle_t lt_handle() {
@@ -2103,7 +2115,7 @@ tune::Decision CudaEngine::Impl::decide_by_forward(Plan& p, const Ctx& c, const 
 void CudaEngine::Impl::warm_up(Plan& p, const Ctx& c, cudaStream_t caller_stream) {
   HK_CUDA_CHECK(cudaEventRecord(caller, caller_stream));
   HK_CUDA_CHECK(cudaStreamWaitEvent(capture_stream, caller, 0));
-  HK_CUDA_CHECK(cudaStreamWaitEvent(capture_stream, done, 0));
+  wait_done(capture_stream);
   Ctx w = c;
   w.stream = capture_stream;
   const size_t x_bytes = size_t(p.B) * size_t(S) * size_t(cfg.d_model) * sizeof(float);
@@ -2166,7 +2178,7 @@ void CudaEngine::Impl::warm_up(Plan& p, const Ctx& c, cudaStream_t caller_stream
     alias_scratch = DeviceBuffer();
   }
   p.warmed = true;
-  HK_CUDA_CHECK(cudaEventRecord(done, capture_stream));
+  record_done(capture_stream);
 }
 
 cudaGraphExec_t CudaEngine::Impl::graph_for(Plan& p, const GraphKey& key, cudaStream_t caller_stream) {
@@ -2180,8 +2192,8 @@ cudaGraphExec_t CudaEngine::Impl::graph_for(Plan& p, const GraphKey& key, cudaSt
   } else {
     HK_CUDA_CHECK(cudaEventRecord(caller, caller_stream));
     HK_CUDA_CHECK(cudaStreamWaitEvent(capture_stream, caller, 0));
-    HK_CUDA_CHECK(cudaStreamWaitEvent(capture_stream, done, 0));
-    HK_CUDA_CHECK(cudaEventRecord(done, capture_stream));
+    wait_done(capture_stream);
+    record_done(capture_stream);
   }
   cudaGraphExec_t g = nullptr;
   const auto t_capture = std::chrono::steady_clock::now();
@@ -2219,7 +2231,7 @@ cudaGraphExec_t CudaEngine::Impl::graph_for(Plan& p, const GraphKey& key, cudaSt
       HK_CUDA_CHECK(cudaStreamSynchronize(capture_stream));
       alias_scratch = DeviceBuffer();
     }
-    HK_CUDA_CHECK(cudaEventRecord(done, capture_stream));
+    record_done(capture_stream);
     const tune::Decision& d = p.decisions.back();
     p.report.warmup_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (d.source == tune::Source::measured) {
@@ -2239,13 +2251,13 @@ void CudaEngine::Impl::run(int B, const float* x, const int32_t* lengths, float*
   cudaGraphExec_t g = nullptr;
   if (routes.graphs && p.graph_note.empty()) g = graph_for(p, GraphKey{B, x, lengths, y, p.T}, s);
   if (!p.warmed) warm_up(p, Ctx{capture_stream, x, lengths, y}, s);  // eager engines tune here
-  HK_CUDA_CHECK(cudaStreamWaitEvent(s, done, 0));
+  wait_done(s);
   if (g) {
     HK_CUDA_CHECK(cudaGraphLaunch(g, s));
   } else {
     record(p, Ctx{s, x, lengths, y});
   }
-  HK_CUDA_CHECK(cudaEventRecord(done, s));
+  record_done(s);
 }
 
 // A fixed synthetic input (MODEL.md's distribution, every position valid) in the host path's
@@ -2262,7 +2274,7 @@ void CudaEngine::Impl::synthetic_host_input(int B, int64_t tokens) {
     len.resize(size_t(B));
     for (int b = 0; b < B; ++b) len[size_t(b)] = int32_t(tokens / B + (b < tokens % B ? 1 : 0));
   }
-  HK_CUDA_CHECK(cudaStreamWaitEvent(stream, done, 0));
+  wait_done(stream);
   HK_CUDA_CHECK(cudaMemcpyAsync(buf.x_in, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
   for (size_t have = size_t(distinct); have < size_t(B); have *= 2)  // doubling device-to-device copies
     HK_CUDA_CHECK(cudaMemcpyAsync(buf.x_in + have * seq, buf.x_in, std::min(have, size_t(B) - have) * seq * sizeof(float),
@@ -2274,7 +2286,7 @@ void CudaEngine::Impl::synthetic_host_input(int B, int64_t tokens) {
     HK_CUDA_CHECK(cudaMemcpyAsync(buf.lengths_in, buf.lengths_full, size_t(B) * sizeof(int32_t),
                                   cudaMemcpyDeviceToDevice, stream));
   HK_CUDA_CHECK(cudaStreamSynchronize(stream));
-  HK_CUDA_CHECK(cudaEventRecord(done, stream));
+  record_done(stream);
 }
 
 // ---- CudaEngine -------------------------------------------------------------------------------
@@ -2324,7 +2336,7 @@ void CudaEngine::forward(const float* x, const int32_t* lengths, int B, float* y
     int64_t tokens = 0;
     for (int b = 0; b < B; ++b) tokens += len[b] = lengths ? lengths[b] : S;
     // The upload overwrites x_in / lengths_in: wait for whatever forward may still read them.
-    HK_CUDA_CHECK(cudaStreamWaitEvent(m.stream, m.done, 0));
+    m.wait_done(m.stream);
     HK_CUDA_CHECK(cudaMemcpyAsync(m.buf.x_in, x_pinned ? x : m.x_stage.get(), bytes, cudaMemcpyHostToDevice, m.stream));
     HK_CUDA_CHECK(cudaMemcpyAsync(m.buf.lengths_in, len, size_t(B) * sizeof(int32_t), cudaMemcpyHostToDevice,
                                   m.stream));
@@ -2403,10 +2415,10 @@ void CudaEngine::prepare(int B, const float* x, const int32_t* lengths, float* y
       if (!p.planned) {
         m.synthetic_host_input(B);
       } else {
-        HK_CUDA_CHECK(cudaStreamWaitEvent(m.stream, m.done, 0));
+        m.wait_done(m.stream);
         HK_CUDA_CHECK(cudaMemcpyAsync(m.buf.lengths_in, m.buf.lengths_full, size_t(m.max_batch) * sizeof(int32_t),
                                       cudaMemcpyDeviceToDevice, m.stream));
-        HK_CUDA_CHECK(cudaEventRecord(m.done, m.stream));
+        m.record_done(m.stream);
       }
       for (float* out : m.buf.y) keys.push_back({B, m.buf.x_in, m.buf.lengths_in, out, p.T});
     } else {
