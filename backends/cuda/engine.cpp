@@ -374,15 +374,38 @@ struct CudaEngine::Impl {
   cudaStream_t stream = nullptr;          // host path, eager default
   cudaStream_t capture_stream = nullptr;  // warm-ups, captures, tuning
   cudaEvent_t done = nullptr;             // recorded after every forward (and warm-up)
-  cudaStream_t done_stream = nullptr;     // the stream `done` was last recorded on (record_done)
-  // `done` is recorded only here, so that done_stream stays true. A wait on one of the engine's own
-  // streams for `done` last recorded on that same stream is ordered by the stream itself and is
-  // left out; a caller's stream always waits (its handle may have been destroyed and reused).
+  cudaStream_t done_stream = nullptr;     // the stream `done` was last recorded on
+  // One of the engine's own streams whose last forward `done` does not cover yet: on its own
+  // streams the record is left until something else needs it (a wait from another stream, a graph
+  // eviction, the destructor), so that back-to-back forwards on one stream carry no event work.
+  cudaStream_t done_pending = nullptr;
+  // `done` is recorded only through these, so that done_stream / done_pending stay true. A wait on
+  // one of the engine's own streams for `done` last recorded (or pending) on that same stream is
+  // ordered by the stream itself and is left out; a caller's stream always waits and gets its
+  // record at once (its handle may have been destroyed and reused by the time of a later call).
+  void flush_done() {
+    if (!done_pending) return;
+    HK_CUDA_CHECK(cudaEventRecord(done, done_pending));
+    done_stream = done_pending;
+    done_pending = nullptr;
+  }
   void record_done(cudaStream_t s) {
+    const bool own = s == stream || s == capture_stream;
+    if (done_pending && done_pending != s) {  // keep the other stream's work covered
+      flush_done();
+      HK_CUDA_CHECK(cudaStreamWaitEvent(s, done, 0));
+    }
+    if (own) {
+      done_pending = s;
+      return;
+    }
     HK_CUDA_CHECK(cudaEventRecord(done, s));
     done_stream = s;
+    done_pending = nullptr;
   }
   void wait_done(cudaStream_t s) {
+    if (done_pending && done_pending == s) return;
+    flush_done();
     const bool own = s == stream || s == capture_stream;
     if (!own || s != done_stream) HK_CUDA_CHECK(cudaStreamWaitEvent(s, done, 0));
   }
@@ -616,6 +639,7 @@ void CudaEngine::Impl::make_kn_weights(const Model& model) {
 
 void CudaEngine::Impl::release() noexcept {
   cudaSetDevice(device);
+  if (done && done_pending) cudaEventRecord(done, done_pending);
   if (done) cudaEventSynchronize(done);  // the last forward, whatever stream it ran on
   if (stream) cudaStreamSynchronize(stream);
   if (capture_stream) cudaStreamSynchronize(capture_stream);
@@ -2204,6 +2228,7 @@ cudaGraphExec_t CudaEngine::Impl::graph_for(Plan& p, const GraphKey& key, cudaSt
       p.report.capture_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
   };
+  flush_done();  // the cache may wait on `done` to evict a graph: it must cover the last forward
   try {
     CaptureTime timed{p, t_capture};
     g = graphs.capture(key, capture_stream, done, [&](cudaStream_t s) {
