@@ -389,13 +389,13 @@ struct CudaEngine::Impl {
     done_stream = done_pending;
     done_pending = nullptr;
   }
+  bool own_stream(cudaStream_t s) const { return s == stream || s == capture_stream; }
   void record_done(cudaStream_t s) {
-    const bool own = s == stream || s == capture_stream;
     if (done_pending && done_pending != s) {  // keep the other stream's work covered
       flush_done();
       HK_CUDA_CHECK(cudaStreamWaitEvent(s, done, 0));
     }
-    if (own) {
+    if (own_stream(s)) {
       done_pending = s;
       return;
     }
@@ -406,8 +406,7 @@ struct CudaEngine::Impl {
   void wait_done(cudaStream_t s) {
     if (done_pending && done_pending == s) return;
     flush_done();
-    const bool own = s == stream || s == capture_stream;
-    if (!own || s != done_stream) HK_CUDA_CHECK(cudaStreamWaitEvent(s, done, 0));
+    if (!own_stream(s) || s != done_stream) HK_CUDA_CHECK(cudaStreamWaitEvent(s, done, 0));
   }
   cudaEvent_t caller = nullptr;           // orders a warm-up after the caller's stream
   cublasLtHandle_t lt = nullptr;  // made on first use (lt_handle): own-kernel plans never load cuBLASLt
