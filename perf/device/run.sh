@@ -270,7 +270,7 @@ if want ab_builds; then
   stamp "ab_builds"
   # Two builds side by side in one run (a change no knob switches): base = the build stage.sh was given
   # as HK_AB_BASE, new = the staged one; tuned, random lengths, median ms per forward, the order of the
-  # two swapped from round to round.
+  # two swapped from round to round; each build's plans of round 1 in abb-plans-<case>-<base|new>.txt.
   if [ -x "$pkg/bin/hk_bench_cuda_base" ]; then
     {
       echo "A/B of two builds (tuned, ${HK_AB_ARGS:-random lengths}, median ms per forward and the first forward's start-up; three rounds, alternating)"
@@ -280,8 +280,9 @@ if want ab_builds; then
           order="base new"; [ $((round % 2)) -eq 0 ] && order="new base"
           for v in $order; do
             bin=hk_bench_cuda; [ "$v" = base ] && bin=hk_bench_cuda_base
+            plans=(); [ "$round" = 1 ] && plans=(--plans "$OUT/abb-plans-$c-$v.txt")
             ms=$(cd "$share" && "$bin" --only "$c" --tune on --tune-cache "$work/abb-$v-$c-$round" ${HK_AB_ARGS:-} \
-                   --benchmark_format=json 2>/dev/null | bench_ms - with_startup)
+                   ${plans[@]+"${plans[@]}"} --benchmark_format=json 2>/dev/null | bench_ms - with_startup)
             line="$line  $v $ms"
           done
           echo "$line"
