@@ -175,26 +175,32 @@ __device__ __forceinline__ float gelu_of_f16(float z) {
   return 0.5f * r * (1.f + erff(r * 0.70710678118654752f));
 }
 
-// The tanh form of GELU, 0.5 r (1 + tanh(sqrt(2/pi) (r + 0.044715 r^3))), with the hardware tanh
-// (tanh.approx.f32, relative error ~2^-11): 8 instructions against ~22 for the erf form (erff is a
-// polynomial and an exp2). Not the model's exact GELU: a fast-precision candidate only, which the
+// The tanh form of GELU, 0.5 r (1 + tanh(sqrt(2/pi) (r + 0.044715 r^3))), of two pre-activations
+// at once in f16x2 arithmetic: r = fp16(z) (as above), the polynomial, the hardware tanh
+// (tanh.approx.f16x2) and the product in half precision, the result as the packed fp16 pair the
+// next product reads: 6 f16x2 instructions and one conversion per pair against ~16 fp32 ones
+// (with tanh.approx.f32). Each step rounds to fp16 (relative 2^-11), the order of the hardware
+// tanh's own error; |r| > 255 overflows r^2 to inf, which tanh maps to +-1 (GELU = r or 0 there,
+// as the exact function). Not the model's exact GELU: a fast-precision candidate only, which the
 // tuner's numeric guard must accept against the erf form (as cuBLASLt's tanh epilogue).
-__device__ __forceinline__ float tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
+__device__ __forceinline__ uint32_t gelu2_tanh_of_f16(float a, float b) {
+  const __half2 z = __floats2half2_rn(a, b);
+  const __half2 u = __hfma2(__hmul2(z, z), __float2half2_rn(0.0356774081f), __float2half2_rn(0.7978845608f));
+  const __half2 arg = __hmul2(u, z);
+  uint32_t th;
+  asm("tanh.approx.f16x2 %0, %1;" : "=r"(th) : "r"(*reinterpret_cast<const uint32_t*>(&arg)));
+  const __half2 hz = __hmul2(z, __float2half2_rn(0.5f));
+  const __half2 y = __hfma2(hz, *reinterpret_cast<const __half2*>(&th), hz);
+  return *reinterpret_cast<const uint32_t*>(&y);
 }
-__device__ __forceinline__ float gelu_tanh_of_f16(float z) {
-  const float r = __half2float(__float2half_rn(z));
-  const float hr = 0.5f * r;
-  return fmaf(hr, tanh_approx(r * fmaf(0.0356774081f, r * r, 0.7978845608f)), hr);
-}
+// GELU of the pair (lo, hi) as packed fp16: the exact erf form per element, or the tanh form in
+// f16x2 arithmetic.
 template <bool kTanh>
-__device__ __forceinline__ float gelu_act(float z) {
+__device__ __forceinline__ uint32_t gelu_pair(float lo, float hi) {
   if constexpr (kTanh) {
-    return gelu_tanh_of_f16(z);
+    return gelu2_tanh_of_f16(lo, hi);
   } else {
-    return gelu_of_f16(z);
+    return pack_half2(gelu_of_f16(lo), gelu_of_f16(hi));
   }
 }
 
@@ -206,10 +212,10 @@ __device__ __forceinline__ void gelu_mma(float (&acc)[NT][4], const float (&c)[C
 #pragma unroll
   for (int ks = 0; ks < CT / 2; ++ks) {
     uint32_t a[4];
-    a[0] = pack_half2(gelu_act<kTanh>(c[2 * ks][0]), gelu_act<kTanh>(c[2 * ks][1]));
-    a[1] = pack_half2(gelu_act<kTanh>(c[2 * ks][2]), gelu_act<kTanh>(c[2 * ks][3]));
-    a[2] = pack_half2(gelu_act<kTanh>(c[2 * ks + 1][0]), gelu_act<kTanh>(c[2 * ks + 1][1]));
-    a[3] = pack_half2(gelu_act<kTanh>(c[2 * ks + 1][2]), gelu_act<kTanh>(c[2 * ks + 1][3]));
+    a[0] = gelu_pair<kTanh>(c[2 * ks][0], c[2 * ks][1]);
+    a[1] = gelu_pair<kTanh>(c[2 * ks][2], c[2 * ks][3]);
+    a[2] = gelu_pair<kTanh>(c[2 * ks + 1][0], c[2 * ks + 1][1]);
+    a[3] = gelu_pair<kTanh>(c[2 * ks + 1][2], c[2 * ks + 1][3]);
 #pragma unroll
     for (int pp = 0; pp < NT / 2; ++pp) {
       uint32_t b[4];
@@ -255,10 +261,10 @@ __device__ __forceinline__ void wg_gelu_issue(float (&acc)[N / 8][4], const floa
                                               uint32_t (&a)[CT / 2][4], uint32_t b_addr, uint32_t sbo) {
 #pragma unroll
   for (int ks = 0; ks < CT / 2; ++ks) {
-    a[ks][0] = pack_half2(gelu_act<kTanh>(c[2 * ks][0]), gelu_act<kTanh>(c[2 * ks][1]));
-    a[ks][1] = pack_half2(gelu_act<kTanh>(c[2 * ks][2]), gelu_act<kTanh>(c[2 * ks][3]));
-    a[ks][2] = pack_half2(gelu_act<kTanh>(c[2 * ks + 1][0]), gelu_act<kTanh>(c[2 * ks + 1][1]));
-    a[ks][3] = pack_half2(gelu_act<kTanh>(c[2 * ks + 1][2]), gelu_act<kTanh>(c[2 * ks + 1][3]));
+    a[ks][0] = gelu_pair<kTanh>(c[2 * ks][0], c[2 * ks][1]);
+    a[ks][1] = gelu_pair<kTanh>(c[2 * ks][2], c[2 * ks][3]);
+    a[ks][2] = gelu_pair<kTanh>(c[2 * ks + 1][0], c[2 * ks + 1][1]);
+    a[ks][3] = gelu_pair<kTanh>(c[2 * ks + 1][2], c[2 * ks + 1][3]);
   }
   wgmma::fence_operands(acc);
   wgmma::fence();
@@ -270,56 +276,87 @@ __device__ __forceinline__ void wg_gelu_issue(float (&acc)[N / 8][4], const floa
 }
 
 // LayerNorm statistics of the thread's two rows (g, g+8) across the quad, of the rows shifted by
-// their first element (column 0: acc[0][0] / acc[0][2] of the quad's leader): a constant row gets
-// variance exactly 0, and rows far from zero keep the accuracy of their spread. Padded kernels
-// leave out the n8 tiles past D (D % 8 == 0: a tile is wholly in or out), so padding needs no
-// correction. The normalised value is ((acc - shift) - mean) * rstd.
+// their first element (column 0: acc[0][0] / acc[0][2] of the quad's leader), in one pass (exact
+// kernels): the sum and the sum of squares of the shifted values, var = E[d^2] - E[d]^2 (clamped
+// at 0); the padded kernels take two (below). The
+// shift keeps both sums at the scale of the row's spread, so a constant row gets variance
+// exactly 0 and rows far from zero keep the accuracy of their spread (E[d]^2 cancels against
+// E[d^2] only as far as the first element is from the mean, a few standard deviations in
+// practice). Padded kernels leave out the n8 tiles past D (D % 8 == 0: a tile is wholly in or
+// out), so padding needs no correction. The normalised value is fma(acc - shift, rstd, nmr),
+// nmr = -mean * rstd.
 struct RowStats {
   float shift[2];
-  float mean[2];  // of the shifted row
   float rstd[2];
+  float nmr[2];  // -mean * rstd, mean of the shifted row
 };
 
 template <int NT, bool kPad>
 __device__ __forceinline__ RowStats row_stats(const float (&acc)[NT][4], int D, float eps) {
   const int leader = int(threadIdx.x & 31u) & ~3;
   const int nt = kPad ? D / 8 : NT;
-  // Padded kernels mask tiles past D with selects (branches there spill pad256); the variance
-  // loop gets its own copy of the tile count so that the sum loop's predicates are not kept.
-  const int nt_v = kPad ? __shfl_sync(0xffffffffu, nt, leader) : NT;
   RowStats st;
   float sh0 = __shfl_sync(0xffffffffu, acc[0][0], leader);
   float sh1 = __shfl_sync(0xffffffffu, acc[0][2], leader);
-  float s0 = 0.f, s1 = 0.f;
+  float s0 = 0.f, s1 = 0.f, q0 = 0.f, q1 = 0.f;
+  if constexpr (!kPad) {
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const bool in = !kPad || j < nt;
-    s0 += in ? (acc[j][0] - sh0) + (acc[j][1] - sh0) : 0.f;
-    s1 += in ? (acc[j][2] - sh1) + (acc[j][3] - sh1) : 0.f;
-  }
-  quad_sum(s0, s1);
-  const float m0 = s0 / float(D), m1 = s1 / float(D);
-  // The shift (and below, the mean) reach each later loop through a (value-preserving) quad
-  // broadcast: with the same register, the compiler keeps every centred value of one loop alive
-  // for the next, D/2 more registers next to the residual (spills at D = 256).
-  sh0 = __shfl_sync(0xffffffffu, sh0, leader);
-  sh1 = __shfl_sync(0xffffffffu, sh1, leader);
-  float q0 = 0.f, q1 = 0.f;
+    for (int j = 0; j < NT; ++j) {
+      const float a = acc[j][0] - sh0, b = acc[j][1] - sh0;
+      const float c = acc[j][2] - sh1, d = acc[j][3] - sh1;
+      s0 += a;
+      s0 += b;
+      s1 += c;
+      s1 += d;
+      q0 = fmaf(a, a, q0);
+      q0 = fmaf(b, b, q0);
+      q1 = fmaf(c, c, q1);
+      q1 = fmaf(d, d, q1);
+    }
+    quad_sum(s0, s1);
+    quad_sum(q0, q1);
+    const float inv_d = 1.f / float(D);
+    const float m0 = s0 * inv_d, m1 = s1 * inv_d;
+    st.rstd[0] = rsqrtf(fmaxf(fmaf(-m0, m0, q0 * inv_d), 0.f) + eps);
+    st.rstd[1] = rsqrtf(fmaxf(fmaf(-m1, m1, q1 * inv_d), 0.f) + eps);
+    st.nmr[0] = -m0 * st.rstd[0];
+    st.nmr[1] = -m1 * st.rstd[1];
+  } else {
+    // Padded kernels: two passes (mean, then the centred sum of squares), tiles past D masked
+    // with selects (branches there spilled pad256, and so did the one pass at 255 registers);
+    // the variance loop gets its own copy of the tile count and a quad broadcast of the shift
+    // (with the same registers, the compiler kept the sum loop's predicates and every shifted
+    // value alive for the second loop).
+    const int nt_v = __shfl_sync(0xffffffffu, nt, leader);
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const bool in = !kPad || j < nt_v;
-    const float a = (acc[j][0] - sh0) - m0, b = (acc[j][1] - sh0) - m0;
-    const float c = (acc[j][2] - sh1) - m1, d = (acc[j][3] - sh1) - m1;
-    q0 += in ? a * a + b * b : 0.f;
-    q1 += in ? c * c + d * d : 0.f;
+    for (int j = 0; j < NT; ++j) {
+      const bool in = j < nt;
+      s0 += in ? (acc[j][0] - sh0) + (acc[j][1] - sh0) : 0.f;
+      s1 += in ? (acc[j][2] - sh1) + (acc[j][3] - sh1) : 0.f;
+    }
+    quad_sum(s0, s1);
+    const float m0 = s0 / float(D), m1 = s1 / float(D);
+    sh0 = __shfl_sync(0xffffffffu, sh0, leader);
+    sh1 = __shfl_sync(0xffffffffu, sh1, leader);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const bool in = j < nt_v;
+      const float a = (acc[j][0] - sh0) - m0, b = (acc[j][1] - sh0) - m0;
+      const float c = (acc[j][2] - sh1) - m1, d = (acc[j][3] - sh1) - m1;
+      q0 += in ? a * a + b * b : 0.f;
+      q1 += in ? c * c + d * d : 0.f;
+    }
+    quad_sum(q0, q1);
+    st.rstd[0] = rsqrtf(q0 / float(D) + eps);
+    st.rstd[1] = rsqrtf(q1 / float(D) + eps);
+    st.nmr[0] = __shfl_sync(0xffffffffu, -m0 * st.rstd[0], leader);
+    st.nmr[1] = __shfl_sync(0xffffffffu, -m1 * st.rstd[1], leader);
   }
-  quad_sum(q0, q1);
-  st.rstd[0] = rsqrtf(q0 / float(D) + eps);
-  st.rstd[1] = rsqrtf(q1 / float(D) + eps);
+  // The shift reaches the normalisation through a (value-preserving) quad broadcast: with the
+  // same register, the compiler keeps every shifted value of the loop alive for it, D/2 more
+  // registers next to the residual (spills at D = 256).
   st.shift[0] = __shfl_sync(0xffffffffu, sh0, leader);
   st.shift[1] = __shfl_sync(0xffffffffu, sh1, leader);
-  st.mean[0] = __shfl_sync(0xffffffffu, m0, leader);
-  st.mean[1] = __shfl_sync(0xffffffffu, m1, leader);
   return st;
 }
 
@@ -350,7 +387,7 @@ __device__ __forceinline__ TailRows tail_rows(const PostAttnParams& p, int64_t r
 
 // LN value of one accumulator element; half 0: row g (elements 0, 1), half 1: row g+8 (2, 3).
 __device__ __forceinline__ float ln_value(float a, const RowStats& st, int half, float w, float b) {
-  return ((a - st.shift[half]) - st.mean[half]) * st.rstd[half] * w + b;
+  return fmaf(fmaf(a - st.shift[half], st.rstd[half], st.nmr[half]), w, b);
 }
 
 // LN(acc; w, b) as fp16 into the warp tile (row stride SA halves); padded columns get w = b = 0.
@@ -371,7 +408,7 @@ __device__ __forceinline__ void store_ln_f16(const float (&acc)[NT][4], const Ro
 
 // ---- the kernel ----------------------------------------------------------------------------------
 // nbuf: warp tiles per warp (2: the next row block's o is loaded during this one; resident only).
-// kTanh: the ffn's GELU in its tanh form (gelu_tanh_of_f16); instantiated for the exact resident
+// kTanh: the ffn's GELU in its tanh form (gelu2_tanh_of_f16); instantiated for the exact resident
 // kernels (d64, d128) only.
 // kWg (exact resident kernels, sm_90a): the three products as warpgroup MMAs (wgmma.cuh). The
 // weights are staged in the core-matrix layout and read by the tensor cores once per group of 4
