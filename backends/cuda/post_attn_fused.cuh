@@ -118,10 +118,12 @@ struct PostAttnModelParams {
 //              (programmatic dependent launch), one row block per CTA of 8 warps; 0 = the CTA's
 //              weights staged in shared memory.
 //   gelu_tanh: 1 (exact resident kernels d64 / d128 only, row per warp; ignored elsewhere) = the
-//              ffn's GELU in its tanh form 0.5 r (1 + tanh(sqrt(2/pi) (r + 0.044715 r^3))) with
-//              the hardware tanh approximation, ~1/3 of the erf form's instructions. Not the
-//              model's exact GELU (|difference| < 1e-3 on fp16-rounded inputs): a fast-precision
-//              candidate that a tuner must check against the erf form, as cuBLASLt's tanh epilogue.
+//              ffn's GELU in its tanh form 0.5 r (1 + tanh(sqrt(2/pi) (r + 0.044715 r^3))) in
+//              f16x2 arithmetic with the hardware tanh approximation (tanh.approx.f16x2), ~1/6 of
+//              the erf form's instructions. Not the model's exact GELU (on fp16-rounded inputs
+//              within about 1e-3 of it, the largest differences at r in about [-6, -2], where
+//              0.5 r times one fp16 step of tanh near -1 is that size): a fast-precision candidate
+//              that a tuner must check against the erf form, as cuBLASLt's tanh epilogue.
 //   wgmma:     1 (exact resident kernels d64 / d128, row per warp; ignored elsewhere, and where
 //              the build has no sm_90a code or the device is not compute capability 9.0) = the
 //              products as warpgroup MMAs (wgmma.cuh): the tensor cores read the weights from
