@@ -120,10 +120,11 @@ struct PostAttnModelParams {
 //   gelu_tanh: 1 (exact resident kernels d64 / d128 only, row per warp; ignored elsewhere) = the
 //              ffn's GELU in its tanh form 0.5 r (1 + tanh(sqrt(2/pi) (r + 0.044715 r^3))) in
 //              f16x2 arithmetic with the hardware tanh approximation (tanh.approx.f16x2), ~1/6 of
-//              the erf form's instructions. Not the model's exact GELU (on fp16-rounded inputs
-//              within about 1e-3 of it, the largest differences at r in about [-6, -2], where
-//              0.5 r times one fp16 step of tanh near -1 is that size): a fast-precision candidate
-//              that a tuner must check against the erf form, as cuBLASLt's tanh epilogue.
+//              the erf form's instructions. Not the model's exact GELU: on every fp16 input in
+//              [-300, 300], evaluated step by step in fp16 with tanh rounded exactly (the hardware
+//              approximation adds its own error), within 8.3e-4 of it where |GELU| < 1 and within one
+//              fp16 step above. A fast-precision candidate that a tuner must check against the erf
+//              form, as cuBLASLt's tanh epilogue.
 //   wgmma:     1 (exact resident kernels d64 / d128, row per warp; ignored elsewhere, and where
 //              the build has no sm_90a code or the device is not compute capability 9.0) = the
 //              products as warpgroup MMAs (wgmma.cuh): the tensor cores read the weights from
