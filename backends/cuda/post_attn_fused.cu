@@ -18,8 +18,9 @@
 //
 // Numerics follow the split route: fp16 GEMM operands (o, h, GELU output), fp32 accumulation, the
 // ffn_in pre-activation rounded to fp16 before the erf GELU (cuBLASLt's fp16 output of the bias
-// epilogue), fp32 residual and LayerNorm statistics (mean, then the centred sum of squares,
-// rsqrtf as rownorm.cu).
+// epilogue), fp32 residual and LayerNorm statistics of the row shifted by its first element
+// (row_stats: one pass in the exact row-per-warp / warpgroup kernels, two in the padded ones;
+// the column-split kernels combine per-warp means and centred sums of squares), rsqrtf.
 #include "post_attn_fused.cuh"
 
 #include <cuda_fp16.h>
