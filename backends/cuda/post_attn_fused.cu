@@ -277,15 +277,14 @@ __device__ __forceinline__ void wg_gelu_issue(float (&acc)[N / 8][4], const floa
 }
 
 // LayerNorm statistics of the thread's two rows (g, g+8) across the quad, of the rows shifted by
-// their first element (column 0: acc[0][0] / acc[0][2] of the quad's leader), in one pass (exact
-// kernels): the sum and the sum of squares of the shifted values, var = E[d^2] - E[d]^2 (clamped
-// at 0); the padded kernels take two (below). The
-// shift keeps both sums at the scale of the row's spread, so a constant row gets variance
-// exactly 0 and rows far from zero keep the accuracy of their spread (E[d]^2 cancels against
-// E[d^2] only as far as the first element is from the mean, a few standard deviations in
-// practice). Padded kernels leave out the n8 tiles past D (D % 8 == 0: a tile is wholly in or
-// out), so padding needs no correction. The normalised value is fma(acc - shift, rstd, nmr),
-// nmr = -mean * rstd.
+// their first element (column 0: acc[0][0] / acc[0][2] of the quad's leader), in one pass in the
+// exact kernels: the sum and the sum of squares of the shifted values, var = E[d^2] - E[d]^2
+// (clamped at 0); the padded kernels take two passes (below). The shift keeps both sums at the
+// scale of the row's spread, so a constant row gets variance exactly 0 and rows far from zero
+// keep the accuracy of their spread (E[d]^2 cancels against E[d^2] only as far as the first
+// element is from the mean, a few standard deviations in practice). Padded kernels leave out the
+// n8 tiles past D (D % 8 == 0: a tile is wholly in or out), so padding needs no correction. The
+// normalised value is fma(acc - shift, rstd, nmr), nmr = -mean * rstd.
 struct RowStats {
   float shift[2];
   float rstd[2];
