@@ -660,6 +660,45 @@ struct RowVec {
   }
 };
 
+// The LayerNorms of two rows by one warp, each row's arithmetic as RowVec::layer_norm's (the same
+// bits), the two rows' butterflies interleaved: each of
+// the 10 dependent shuffle rounds of a row's mean and variance covers both rows, so a warp's pair
+// of rows costs about one row's latency.
+template <int V>
+__device__ __forceinline__ void layer_norm_pair(RowVec<V>& x, RowVec<V>& y, const RowVec<V>& w, const RowVec<V>& b,
+                                                float eps) {
+  constexpr int D = 32 * V;
+  float sx = 0.f, sy = 0.f;
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    sx += x.v[i];
+    sy += y.v[i];
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    sx += __shfl_xor_sync(0xffffffffu, sx, o);
+    sy += __shfl_xor_sync(0xffffffffu, sy, o);
+  }
+  const float mx = sx / float(D), my = sy / float(D);
+  float qx = 0.f, qy = 0.f;
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    qx += (x.v[i] - mx) * (x.v[i] - mx);
+    qy += (y.v[i] - my) * (y.v[i] - my);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    qx += __shfl_xor_sync(0xffffffffu, qx, o);
+    qy += __shfl_xor_sync(0xffffffffu, qy, o);
+  }
+  const float rx = rsqrtf(qx / float(D) + eps), ry = rsqrtf(qy / float(D) + eps);
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    x.v[i] = (x.v[i] - mx) * rx * w.v[i] + b.v[i];
+    y.v[i] = (y.v[i] - my) * ry * w.v[i] + b.v[i];
+  }
+}
+
 template <int D, int HD>
 __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args a) {
   constexpr int H = D / HD;
@@ -740,14 +779,20 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
       }
     }
   };
-  // h = fp16(LN(x) w + b) of the first `rows` own rows, a warp per row (perm_col order in sH).
+  // h = fp16(LN(x) w + b) of the first `rows` own rows, a warp per row (perm_col order in sH);
+  // warp w's rows w, w + 16, ... two at a time (layer_norm_pair).
   auto layer_norm_rows = [&](const RowVec<V>& lw, const RowVec<V>& lb, int rows) {
 #pragma unroll 1
-    for (int r = warp; r < rows; r += kWideWarps) {
-      RowVec<V> v;
+    for (int r = warp; r < rows; r += 2 * kWideWarps) {
+      const int r2 = r + kWideWarps;
+      const bool two = r2 < rows;
+      RowVec<V> v, u;
       v.load(sX + r * LDX + V * lane);
-      v.layer_norm(lw, lb, a.eps);
+      if (two) u.load(sX + r2 * LDX + V * lane);
+      else u.zero();
+      layer_norm_pair(v, u, lw, lb, a.eps);
       v.store_a(sH + uint32_t(r * LDH) * 2u, lane);
+      if (two) u.store_a(sH + uint32_t(r2 * LDH) * 2u, lane);
     }
   };
   // Global row of own row lr (own tile lr / 16 is the sequence's tile crank + C (lr / 16)).
