@@ -826,15 +826,35 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
       RowVec<V> w, bb;
       w.load_ldg(a.layers[0].ln1_w + V * lane);
       bb.load_ldg(a.layers[0].ln1_b + V * lane);
+      if constexpr (V == 2) {
+        // D = 64: rows two at a time as in layer_norm_rows (at D = 128 the pair spills here).
 #pragma unroll 1
-      for (int r = warp; r < rows; r += kWideWarps) {
-        RowVec<V> v;
-        const int gr = grow(r);
-        if (gr < len) v.load(xs + int64_t(gr) * D + V * lane);
-        else v.zero();
-        v.store(sX + r * LDX + V * lane);
-        v.layer_norm(w, bb, a.eps);
-        v.store_a(sH + uint32_t(r * LDH) * 2u, lane);
+        for (int r = warp; r < rows; r += 2 * kWideWarps) {
+          const int r2 = r + kWideWarps;
+          const bool two = r2 < rows;
+          const int gr = grow(r), gr2 = grow(r2);
+          RowVec<V> v, u;
+          if (gr < len) v.load(xs + int64_t(gr) * D + V * lane);
+          else v.zero();
+          if (two && gr2 < len) u.load(xs + int64_t(gr2) * D + V * lane);
+          else u.zero();
+          v.store(sX + r * LDX + V * lane);
+          if (two) u.store(sX + r2 * LDX + V * lane);
+          layer_norm_pair(v, u, w, bb, a.eps);
+          v.store_a(sH + uint32_t(r * LDH) * 2u, lane);
+          if (two) u.store_a(sH + uint32_t(r2 * LDH) * 2u, lane);
+        }
+      } else {
+#pragma unroll 1
+        for (int r = warp; r < rows; r += kWideWarps) {
+          RowVec<V> v;
+          const int gr = grow(r);
+          if (gr < len) v.load(xs + int64_t(gr) * D + V * lane);
+          else v.zero();
+          v.store(sX + r * LDX + V * lane);
+          v.layer_norm(w, bb, a.eps);
+          v.store_a(sH + uint32_t(r * LDH) * 2u, lane);
+        }
       }
     }
 
@@ -1003,18 +1023,38 @@ __global__ void __launch_bounds__(kWideThreads, 1) model_wide_kernel(const Args 
         // Every row of the CTA's tiles of the sequence (tiles crank, crank + C, ... below S). The
         // next sequence's first writes (its LN1: sX and sH rows r = warp + 16 i) touch only rows
         // this warp reads here, and sH's last readers (ffn_in) finished two barriers ago.
+        if constexpr (V == 2) {
+          // D = 64: two rows at a time (layer_norm_pair; rows past the length get zeros after it).
 #pragma unroll 1
-        for (int r = warp;; r += kWideWarps) {
-          const int gr = grow(r);
-          if (gr >= S) break;
-          RowVec<V> v;
-          if (gr < len) {
-            v.load(sX + r * LDX + V * lane);
-            v.layer_norm(lw, lb, a.eps);
-          } else {
-            v.zero();
+          for (int r = warp;; r += 2 * kWideWarps) {
+            const int gr = grow(r), gr2 = grow(r + kWideWarps);
+            if (gr >= S) break;
+            const bool two = gr2 < S;
+            RowVec<V> v, u;
+            if (gr < len) v.load(sX + r * LDX + V * lane);
+            else v.zero();
+            if (two && gr2 < len) u.load(sX + (r + kWideWarps) * LDX + V * lane);
+            else u.zero();
+            layer_norm_pair(v, u, lw, lb, a.eps);
+            if (gr >= len) v.zero();
+            if (gr2 >= len) u.zero();
+            v.store(ys + int64_t(gr) * D + V * lane);
+            if (two) u.store(ys + int64_t(gr2) * D + V * lane);
           }
-          v.store(ys + int64_t(gr) * D + V * lane);
+        } else {
+#pragma unroll 1
+          for (int r = warp;; r += kWideWarps) {
+            const int gr = grow(r);
+            if (gr >= S) break;
+            RowVec<V> v;
+            if (gr < len) {
+              v.load(sX + r * LDX + V * lane);
+              v.layer_norm(lw, lb, a.eps);
+            } else {
+              v.zero();
+            }
+            v.store(ys + int64_t(gr) * D + V * lane);
+          }
         }
       }
       if (C > 1) kvpar ^= 1;
