@@ -15,7 +15,8 @@
 #   bench_nopdl.json   tuned with HK_PDL=0: ordinary launches, for the programmatic-launch gain (phase bench_nopdl)
 #   ab.txt           phase ab: one knob's values side by side on chosen cases (HK_AB, HK_AB_CASES)
 #   ab_builds.txt    phase ab_builds: the staged hk_bench_cuda against an earlier build carried by stage.sh
-#                    (HK_AB_BASE), alternating, three rounds, fresh tune caches, on the cases of HK_AB_CASES
+#                    (HK_AB_BASE) and any further ones (HK_AB_EXTRA, columns x_<label>), alternating, three
+#                    rounds, fresh tune caches, on the cases of HK_AB_CASES
 #                    (HK_AB_ARGS: more hk_bench_cuda arguments for both builds, e.g. "--lengths full")
 #   timeline.md      phase timeline: per case the kernels of the replayed forward as the GPU ran them (CUPTI
 #                    activity records: duration, start, end, the time each adds to the span), tuned, random
@@ -272,14 +273,22 @@ if want ab_builds; then
   # as HK_AB_BASE, new = the staged one; tuned, random lengths, median ms per forward, the order of the
   # two swapped from round to round; each build's plans of round 1 in abb-plans-<case>-<base|new>.txt.
   if [ -x "$pkg/bin/hk_bench_cuda_base" ]; then
+    # The builds: base, the extra ones (stage.sh HK_AB_EXTRA: hk_bench_cuda_x_<label>), new; rounds 1
+    # and 3 in that order, round 2 reversed.
+    variants=(base)
+    for b in "$pkg"/bin/hk_bench_cuda_x_*; do [ -x "$b" ] && variants+=("x_${b##*/hk_bench_cuda_x_}"); done
+    variants+=(new)
     {
-      echo "A/B of two builds (tuned, ${HK_AB_ARGS:-random lengths}, median ms per forward and the first forward's start-up; three rounds, alternating)"
+      echo "A/B of ${#variants[@]} builds (${variants[*]}; tuned, ${HK_AB_ARGS:-random lengths}, median ms per forward and the first forward's start-up; three rounds, alternating)"
       for c in ${HK_AB_CASES:-2}; do
         for round in 1 2 3; do
           line="case $c round $round"
-          order="base new"; [ $((round % 2)) -eq 0 ] && order="new base"
-          for v in $order; do
-            bin=hk_bench_cuda; [ "$v" = base ] && bin=hk_bench_cuda_base
+          order=("${variants[@]}")
+          if [ $((round % 2)) -eq 0 ]; then
+            order=(); for ((i = ${#variants[@]} - 1; i >= 0; i--)); do order+=("${variants[$i]}"); done
+          fi
+          for v in "${order[@]}"; do
+            bin=hk_bench_cuda; [ "$v" != new ] && bin=hk_bench_cuda_$v
             plans=(); [ "$round" = 1 ] && plans=(--plans "$OUT/abb-plans-$c-$v.txt")
             ms=$(cd "$share" && "$bin" --only "$c" --tune on --tune-cache "$work/abb-$v-$c-$round" ${HK_AB_ARGS:-} \
                    ${plans[@]+"${plans[@]}"} --benchmark_format=json 2>/dev/null | bench_ms - with_startup)

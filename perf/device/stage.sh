@@ -11,6 +11,13 @@ build=${HK_DEVICE_BUILD:-$root/build-device}
 stage=${HK_DEVICE_STAGE:-$root/stage}
 # HK_AB_BASE (see below) may be relative to the caller's directory.
 if [ -n "${HK_AB_BASE:-}" ]; then HK_AB_BASE=$(realpath "$HK_AB_BASE"); fi
+# HK_AB_EXTRA="label=path ...": more builds for the same A/B (see below); paths as HK_AB_BASE.
+ab_extra=()
+for e in ${HK_AB_EXTRA:-}; do
+  label=${e%%=*}
+  [[ "$e" == *=* && "$label" =~ ^[A-Za-z0-9_-]+$ ]] || { echo "stage: HK_AB_EXTRA entries are label=path with a label of [A-Za-z0-9_-]: $e" >&2; exit 2; }
+  ab_extra+=("$label=$(realpath "${e#*=}")")
+done
 cd "$root"
 
 # Open MPI's runtime for a GPU machine that has none (HK_DEVICE_MPI=ON), under pkg/mpi: the
@@ -120,6 +127,11 @@ if [ "${HK_DEVICE_MPI:-OFF}" = ON ]; then pack_mpi_runtime "$stage/pkg"; fi
 if [ -n "${HK_AB_BASE:-}" ]; then
   strip -o "$stage/pkg/bin/hk_bench_cuda_base" "$HK_AB_BASE"
 fi
+# HK_AB_EXTRA: further builds measured in the same rounds, as hk_bench_cuda_x_<label> (~4 MB each
+# in the archive: leave test programs out with HK_STAGE_SKIP to keep the carried tree under 64 MiB).
+for e in ${ab_extra[@]+"${ab_extra[@]}"}; do
+  strip -o "$stage/pkg/bin/hk_bench_cuda_x_${e%%=*}" "${e#*=}"
+done
 tar -C "$stage" -cJf "$stage/hk-stage.tar.xz" pkg
 rm -rf "$stage/pkg"
 ls -la "$stage"
