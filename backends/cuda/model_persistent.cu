@@ -42,6 +42,7 @@
 #include "common.cuh"
 #include "launch.hpp"
 #include "ptx.cuh"
+#include "quad_stats.cuh"
 #include "tile_attention.cuh"
 
 namespace hk::cuda {
@@ -208,72 +209,23 @@ __device__ __forceinline__ float gelu_of_f16(float z) {
 }
 
 // ---- LayerNorm over the quad ------------------------------------------------------------------
-// Statistics of rows g, g+8 (this thread's two rows) in one pass: shift = the row's first element
-// (held by the quad leader as acc[0][0] / acc[0][2]), the sum and the sum of squares of x - shift,
-// var = E[d^2] - E[d]^2 (clamped at 0). The shift keeps both sums at the scale of the row's spread
-// (a constant row gets variance exactly 0; E[d]^2 cancels against E[d^2] only as far as the first
-// element is from the mean). The normalised value is fma(x - shift, rstd, nmr), nmr = -mean rstd
-// (the post-attention chain's statistics, post_attn_fused.cu).
-struct LnStats {
-  float shift[2];
-  float rstd[2];
-  float nmr[2];
-};
-
-template <int NT>
-__device__ __forceinline__ LnStats ln_stats(const float (&acc)[NT][4], float eps) {
-  constexpr int D = 8 * NT;
-  const int leader = int(threadIdx.x & 31u) & ~3;
-  const float sh0 = __shfl_sync(0xffffffffu, acc[0][0], leader);
-  const float sh1 = __shfl_sync(0xffffffffu, acc[0][2], leader);
-  float s0 = 0.f, s1 = 0.f, q0 = 0.f, q1 = 0.f;
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const float a = acc[j][0] - sh0, b = acc[j][1] - sh0;
-    const float c = acc[j][2] - sh1, d = acc[j][3] - sh1;
-    s0 += a;
-    s0 += b;
-    s1 += c;
-    s1 += d;
-    q0 = fmaf(a, a, q0);
-    q0 = fmaf(b, b, q0);
-    q1 = fmaf(c, c, q1);
-    q1 = fmaf(d, d, q1);
-  }
-  quad_sum(s0, s1);
-  quad_sum(q0, q1);
-  constexpr float inv_d = 1.f / float(D);
-  const float m0 = s0 * inv_d, m1 = s1 * inv_d;
-  LnStats st;
-  st.rstd[0] = rsqrtf(fmaxf(fmaf(-m0, m0, q0 * inv_d), 0.f) + eps);
-  st.rstd[1] = rsqrtf(fmaxf(fmaf(-m1, m1, q1 * inv_d), 0.f) + eps);
-  st.nmr[0] = -m0 * st.rstd[0];
-  st.nmr[1] = -m1 * st.rstd[1];
-  // The shift reaches the normalisation through a (value-preserving) quad broadcast: with the
-  // same register the compiler keeps every shifted value of the loop alive for it.
-  st.shift[0] = __shfl_sync(0xffffffffu, sh0, leader);
-  st.shift[1] = __shfl_sync(0xffffffffu, sh1, leader);
-  return st;
-}
-
-// LN value of one accumulator element; half 0: row g, half 1: row g + 8.
-__device__ __forceinline__ float ln_val(float x, const LnStats& st, int half, float w, float b) {
-  return fmaf(fmaf(x - st.shift[half], st.rstd[half], st.nmr[half]), w, b);
-}
+// One-pass statistics of the thread's rows g, g + 8 and the normalised value (quad_stats.cuh).
+using quad::RowStats;
+using quad::ln_value;
 
 // h = fp16(LN(acc) * w + b) into shared rows g (dst) and g + 8 (dst + row8); w, b: [D] fp32.
 template <int NT>
 __device__ __forceinline__ void ln_store_f16(const float (&acc)[NT][4], float eps, const float* w, const float* b,
                                              uint32_t dst, uint32_t row8, int t) {
-  const LnStats st = ln_stats<NT>(acc, eps);
+  const RowStats st = quad::row_stats<NT>(acc, eps);
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const float2 wv = *reinterpret_cast<const float2*>(w + 8 * j + 2 * t);
     const float2 bv = *reinterpret_cast<const float2*>(b + 8 * j + 2 * t);
     st_shared_u32(dst + uint32_t(j) * 16u,
-                  pack_half2(ln_val(acc[j][0], st, 0, wv.x, bv.x), ln_val(acc[j][1], st, 0, wv.y, bv.y)));
+                  pack_half2(ln_value(acc[j][0], st, 0, wv.x, bv.x), ln_value(acc[j][1], st, 0, wv.y, bv.y)));
     st_shared_u32(dst + row8 + uint32_t(j) * 16u,
-                  pack_half2(ln_val(acc[j][2], st, 1, wv.x, bv.x), ln_val(acc[j][3], st, 1, wv.y, bv.y)));
+                  pack_half2(ln_value(acc[j][2], st, 1, wv.x, bv.x), ln_value(acc[j][3], st, 1, wv.y, bv.y)));
   }
 }
 
@@ -473,7 +425,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) model_persistent_kernel(
           if (l + 1 < a.L) {
             ln_store_f16<NT>(acc, a.eps, lw, lb, cH, row8D, t);
           } else {
-            const LnStats st = ln_stats<NT>(acc, a.eps);
+            const RowStats st = quad::row_stats<NT>(acc, a.eps);
             float* ys = a.y + seq_base;
             const bool v0 = r0 < len, v1 = r1 < len;
 #pragma unroll
@@ -483,12 +435,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) model_persistent_kernel(
               const float2 bv = *reinterpret_cast<const float2*>(lb + col);
               if (r0 < a.S) {
                 *reinterpret_cast<float2*>(ys + int64_t(r0) * D + col) =
-                    v0 ? make_float2(ln_val(acc[j][0], st, 0, wv.x, bv.x), ln_val(acc[j][1], st, 0, wv.y, bv.y))
+                    v0 ? make_float2(ln_value(acc[j][0], st, 0, wv.x, bv.x), ln_value(acc[j][1], st, 0, wv.y, bv.y))
                        : make_float2(0.f, 0.f);
               }
               if (r1 < a.S) {
                 *reinterpret_cast<float2*>(ys + int64_t(r1) * D + col) =
-                    v1 ? make_float2(ln_val(acc[j][2], st, 1, wv.x, bv.x), ln_val(acc[j][3], st, 1, wv.y, bv.y))
+                    v1 ? make_float2(ln_value(acc[j][2], st, 1, wv.x, bv.x), ln_value(acc[j][3], st, 1, wv.y, bv.y))
                        : make_float2(0.f, 0.f);
               }
             }

@@ -36,6 +36,7 @@
 #include "common.cuh"
 #include "launch.hpp"
 #include "ptx.cuh"
+#include "quad_stats.cuh"
 #include "tile_attention.cuh"
 #include "wgmma.cuh"
 
@@ -276,52 +277,24 @@ __device__ __forceinline__ void wg_gelu_issue(float (&acc)[N / 8][4], const floa
   wgmma::commit();
 }
 
-// LayerNorm statistics of the thread's two rows (g, g+8) across the quad, of the rows shifted by
-// their first element (column 0: acc[0][0] / acc[0][2] of the quad's leader), in one pass in the
-// exact kernels: the sum and the sum of squares of the shifted values, var = E[d^2] - E[d]^2
-// (clamped at 0); the padded kernels take two passes (below). The shift keeps both sums at the
-// scale of the row's spread, so a constant row gets variance exactly 0 and rows far from zero
-// keep the accuracy of their spread (E[d]^2 cancels against E[d^2] only as far as the first
-// element is from the mean, a few standard deviations in practice). Padded kernels leave out the
-// n8 tiles past D (D % 8 == 0: a tile is wholly in or out), so padding needs no correction. The
-// normalised value is fma(acc - shift, rstd, nmr), nmr = -mean * rstd.
-struct RowStats {
-  float shift[2];
-  float rstd[2];
-  float nmr[2];  // -mean * rstd, mean of the shifted row
-};
+// LayerNorm statistics of the thread's two rows (g, g+8) across the quad (quad_stats.cuh): one pass
+// in the exact kernels; the padded kernels take two passes over the rows shifted by their first
+// element and leave out the n8 tiles past D (D % 8 == 0: a tile is wholly in or out), so padding
+// needs no correction. The normalised value is ln_value(acc, ...) in both.
+using quad::RowStats;
+using quad::ln_value;
 
 template <int NT, bool kPad>
 __device__ __forceinline__ RowStats row_stats(const float (&acc)[NT][4], int D, float eps) {
-  const int leader = int(threadIdx.x & 31u) & ~3;
-  const int nt = kPad ? D / 8 : NT;
-  RowStats st;
-  float sh0 = __shfl_sync(0xffffffffu, acc[0][0], leader);
-  float sh1 = __shfl_sync(0xffffffffu, acc[0][2], leader);
-  float s0 = 0.f, s1 = 0.f, q0 = 0.f, q1 = 0.f;
   if constexpr (!kPad) {
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const float a = acc[j][0] - sh0, b = acc[j][1] - sh0;
-      const float c = acc[j][2] - sh1, d = acc[j][3] - sh1;
-      s0 += a;
-      s0 += b;
-      s1 += c;
-      s1 += d;
-      q0 = fmaf(a, a, q0);
-      q0 = fmaf(b, b, q0);
-      q1 = fmaf(c, c, q1);
-      q1 = fmaf(d, d, q1);
-    }
-    quad_sum(s0, s1);
-    quad_sum(q0, q1);
-    const float inv_d = 1.f / float(D);
-    const float m0 = s0 * inv_d, m1 = s1 * inv_d;
-    st.rstd[0] = rsqrtf(fmaxf(fmaf(-m0, m0, q0 * inv_d), 0.f) + eps);
-    st.rstd[1] = rsqrtf(fmaxf(fmaf(-m1, m1, q1 * inv_d), 0.f) + eps);
-    st.nmr[0] = -m0 * st.rstd[0];
-    st.nmr[1] = -m1 * st.rstd[1];
+    return quad::row_stats<NT>(acc, eps);
   } else {
+    const int leader = int(threadIdx.x & 31u) & ~3;
+    const int nt = D / 8;
+    RowStats st;
+    float sh0 = __shfl_sync(0xffffffffu, acc[0][0], leader);
+    float sh1 = __shfl_sync(0xffffffffu, acc[0][2], leader);
+    float s0 = 0.f, s1 = 0.f, q0 = 0.f, q1 = 0.f;
     // Padded kernels: two passes (mean, then the centred sum of squares), tiles past D masked
     // with selects (branches there spilled pad256, and so did the one pass at 255 registers);
     // the variance loop gets its own copy of the tile count and a quad broadcast of the shift
@@ -351,13 +324,11 @@ __device__ __forceinline__ RowStats row_stats(const float (&acc)[NT][4], int D, 
     st.rstd[1] = rsqrtf(q1 / float(D) + eps);
     st.nmr[0] = __shfl_sync(0xffffffffu, -m0 * st.rstd[0], leader);
     st.nmr[1] = __shfl_sync(0xffffffffu, -m1 * st.rstd[1], leader);
+    // The shift through a quad broadcast, as in quad::row_stats.
+    st.shift[0] = __shfl_sync(0xffffffffu, sh0, leader);
+    st.shift[1] = __shfl_sync(0xffffffffu, sh1, leader);
+    return st;
   }
-  // The shift reaches the normalisation through a (value-preserving) quad broadcast: with the
-  // same register, the compiler keeps every shifted value of the loop alive for it, D/2 more
-  // registers next to the residual (spills at D = 256).
-  st.shift[0] = __shfl_sync(0xffffffffu, sh0, leader);
-  st.shift[1] = __shfl_sync(0xffffffffu, sh1, leader);
-  return st;
 }
 
 // Where the tail writes the thread's two rows r0 (= row g of its block) and r1 (= g + 8): the rows
@@ -383,11 +354,6 @@ __device__ __forceinline__ TailRows tail_rows(const PostAttnParams& p, int64_t r
     d.valid[1] = d.write[1] && int(u1 % S) < p.lengths[u1 / S];
   }
   return d;
-}
-
-// LN value of one accumulator element; half 0: row g (elements 0, 1), half 1: row g+8 (2, 3).
-__device__ __forceinline__ float ln_value(float a, const RowStats& st, int half, float w, float b) {
-  return fmaf(fmaf(a - st.shift[half], st.rstd[half], st.nmr[half]), w, b);
 }
 
 // LN(acc; w, b) as fp16 into the warp tile (row stride SA halves); padded columns get w = b = 0.
