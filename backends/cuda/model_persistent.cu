@@ -24,9 +24,8 @@
 //
 // Numerics follow the unfused route: fp16 GEMM operands with fp32 accumulation; h, q, k, v, P, o
 // and the ffn_in pre-activation rounded to fp16; erf GELU in fp32 rounded to fp16; fp32 residual;
-// LayerNorm statistics in fp32 of the row shifted by its first element (the tile kernel: sum and sum
-// of squares of x - x0 in one pass; the column kernel: mean of x - x0, then the centred sum of
-// squares), rsqrtf.
+// LayerNorm statistics in fp32 (the tile kernel: sum and sum of squares of the row shifted by its
+// first element, in one pass; the column kernel: the mean, then the centred sum of squares), rsqrtf.
 #include "model_persistent.cuh"
 
 #include <cuda_fp16.h>
