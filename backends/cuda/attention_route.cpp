@@ -34,8 +34,7 @@ bool flash_route_supports([[maybe_unused]] const AttentionParams& p, [[maybe_unu
 #if HK_CUDA_HAVE_FLASH
   if (tile == FlashTile::q64k2 || tile == FlashTile::q64k4)
     return attention_flash_split_supports(p, tile == FlashTile::q64k2 ? 2 : 4);
-  if (tile == FlashTile::q64g2 || tile == FlashTile::q64g4)
-    return attention_flash_grouped_supports(p, tile == FlashTile::q64g2 ? 2 : 4);
+  if (tile == FlashTile::q64g4) return attention_flash_grouped_supports(p, 4);
   return attention_flash_supports(p);
 #else
   return false;
@@ -45,7 +44,7 @@ bool flash_route_supports([[maybe_unused]] const AttentionParams& p, [[maybe_unu
 #if HK_CUDA_HAVE_FLASH
 namespace {
 int key_splits(FlashTile t) { return t == FlashTile::q64k2 ? 2 : t == FlashTile::q64k4 ? 4 : 1; }
-int head_group(FlashTile t) { return t == FlashTile::q64g2 ? 2 : t == FlashTile::q64g4 ? 4 : 1; }
+int head_group(FlashTile t) { return t == FlashTile::q64g4 ? 4 : 1; }
 FlashQueryTile query_tile(FlashTile t) {
   switch (t) {
     case FlashTile::q64: return FlashQueryTile::q64;

@@ -65,7 +65,7 @@ struct Case {
   Lens lens = Lens::random;
   FlashQueryTile tile = FlashQueryTile::automatic;
   int splits = 0;     // 2 / 4: keys split over a cluster (attention_flash_split); 0: attention_flash
-  int groups = 0;     // 2 / 4: heads per CTA (attention_flash_grouped)
+  int groups = 0;     // 4: heads per CTA (attention_flash_grouped)
   int qkv_pad = 0;    // extra elements per qkv row
   int out_pad = 0;    // extra elements per out row
   float q_amp = 1.f;  // > 1 gives peaked softmax rows (exercises the running-max rescale)
@@ -364,7 +364,7 @@ Outcome run_case(const Case& c, std::mt19937_64& rng, std::string& name) {
 
 const char* tile_name(const Case& c) {
   if (c.splits) return c.splits == 2 ? "k2" : "k4";
-  if (c.groups) return c.groups == 2 ? "g2" : "g4";
+  if (c.groups) return "g4";
   return c.tile == FlashQueryTile::q64 ? "q64" : c.tile == FlashQueryTile::q16 ? "q16" : "auto";
 }
 
@@ -476,41 +476,35 @@ std::vector<Case> make_cases(bool split_cases) {
         c.note = "keys split, case 10 shape";
         cases.push_back(c);
       }
-  // Head groups (2 / 4 heads per CTA, head_dim exactly 8, 16, 32): H = G and 2G (several groups
-  // per sequence), S across one and several key tiles and the causal diagonal, packed and dense,
-  // the length cycle (0, 1, S, random, null), padded strides, peaked rows; then the cases.csv
-  // shapes that have them (1 and 11 at reduced B: hd 32 / 8, causal; 5: hd 16, bidirectional).
-  for (int groups : {2, 4})
-    for (int hd : {8, 16, 32}) {
-      if (groups == 4 && hd != 8) continue;
-      for (int S : {1, 7, 33, 130})
-        for (int causal = 0; causal < 2; ++causal)
-          for (int packed = 0; packed < 2; ++packed, ++k) {
-            Case c = sweep_case(DType::f16, hd, S, causal, packed, 8, 16, 4.f);
-            c.groups = groups;
-            c.H = groups * (1 + k % 2);
-            c.note = "head groups";
-            cases.push_back(c);
-          }
-    }
-  for (const Shape& s : {Shape{64, 128, 4, 32, true}, Shape{16, 128, 16, 8, true}, Shape{4, 256, 8, 16, false}})
-    for (int groups : {2, 4})
-      for (int packed = 0; packed < 2; ++packed) {
-        if (groups == 4 && s.hd != 8) continue;
-        Case c;
-        c.dtype = DType::f16;
-        c.groups = groups;
-        c.B = s.B;
-        c.S = s.S;
-        c.H = s.H;
-        c.hd = s.hd;
-        c.causal = s.causal;
-        c.packed = packed;
-        c.lens = Lens::random;
-        c.q_amp = 2.f;
-        c.note = "head groups, cases.csv shape";
+  // Head groups (4 heads of head_dim 8 per CTA): H = 4, 8 and 12 (one and several groups per
+  // sequence), S across one and several key tiles and the causal diagonal (1 .. 300), packed and
+  // dense, the length cycle (0, 1, S, random, null), padded strides, peaked rows; then the
+  // cases.csv shapes that have them (7 and 11 at reduced B, causal) and a bidirectional one.
+  for (int S : {1, 7, 33, 64, 65, 130, 300})
+    for (int causal = 0; causal < 2; ++causal)
+      for (int packed = 0; packed < 2; ++packed, ++k) {
+        Case c = sweep_case(DType::f16, 8, S, causal, packed, 8, 16, 4.f);
+        c.groups = 4;
+        c.H = 4 * (1 + k % 3);
+        c.note = "head groups";
         cases.push_back(c);
       }
+  for (const Shape& s : {Shape{16, 128, 16, 8, true}, Shape{64, 128, 16, 8, true}, Shape{4, 256, 8, 8, false}})
+    for (int packed = 0; packed < 2; ++packed) {
+      Case c;
+      c.dtype = DType::f16;
+      c.groups = 4;
+      c.B = s.B;
+      c.S = s.S;
+      c.H = s.H;
+      c.hd = s.hd;
+      c.causal = s.causal;
+      c.packed = packed;
+      c.lens = Lens::random;
+      c.q_amp = 2.f;
+      c.note = "head groups, cases.csv shape";
+      cases.push_back(c);
+    }
   // CUDA-graph capture and replay.
   for (DType dt : {DType::f16, DType::f32}) {
     Case c;
@@ -609,13 +603,14 @@ int check_supports(int& failures) {
       ++n;
     }
   }
-  // Head groups: 2 / 4 heads, f16, head_dim exactly 8 / 16 / 32 (4 heads: 8), H a multiple.
+  // Head groups: 4 heads, f16, head_dim exactly 8, H a multiple of 4.
   {
     struct GroupProbe { DType dt; int H, hd, groups; bool expect; const char* what; };
     const GroupProbe gp[] = {{DType::f16, 4, 8, 4, true, "groups f16 H4 hd8 g4"},
-                             {DType::f16, 2, 8, 2, true, "groups f16 H2 hd8 g2"},
-                             {DType::f16, 4, 32, 2, true, "groups f16 H4 hd32 g2"},
-                             {DType::f16, 4, 16, 2, true, "groups f16 H4 hd16 g2"},
+                             {DType::f16, 8, 8, 4, true, "groups f16 H8 hd8 g4"},
+                             {DType::f16, 2, 8, 2, false, "groups hd8 g2 (not built)"},
+                             {DType::f16, 4, 32, 2, false, "groups hd32 g2 (not built)"},
+                             {DType::f16, 4, 16, 4, false, "groups hd16 g4 (not built)"},
                              {DType::f16, 4, 32, 4, false, "groups hd32 g4"},
                              {DType::f16, 6, 8, 4, false, "groups H6 g4 (H not a multiple)"},
                              {DType::f16, 2, 24, 2, false, "groups hd24 (not an instantiation)"},
