@@ -248,11 +248,12 @@ __device__ __forceinline__ void flash_combine_split(const FlashArgs& a, const Se
 // memory, and after a cluster barrier each CTA combines the KS partial results of a 1/KS slice
 // of the tile's rows over distributed shared memory and stores them. Same output layout and
 // rules as KS = 1 (rows >= len: zeros when dense, untouched when packed).
-// G > 1 (KS = 1, head_dim exactly HD): the CTA takes G adjacent heads of its (sequence, query
-// tile): grid x = b * (H / G) + head group. The tiles hold the G heads' columns side by side (one
-// Q / K / V row of G * HD halves: G times fewer, longer copies), every warp runs the key loop once
-// for all G heads, each head with its own online softmax; the set-up, the length / offset loads,
-// the K/V pipeline and the stores are shared by the G heads.
+// G > 1 (G = NW, KS = 1, head_dim exactly HD): the CTA takes G adjacent heads of its (sequence,
+// query tile): grid x = b * (H / G) + head group. The tiles hold the G heads' columns side by side
+// (one Q / K / V row of G * HD halves: G times fewer, longer copies); warp w computes head w for
+// every 16-row unit of the tile that has valid rows (a short sequence keeps all warps busy instead
+// of leaving those past its length idle), each unit with its own online softmax; the set-up, the
+// length / offset loads, the K/V pipeline and the stores are shared by the G heads.
 template <int HD, int NW, int KS = 1, int G = 1>
 __global__ void __launch_bounds__(NW * 32, (f16_min_blocks<HD, NW, KS, G>())) flash_f16_kernel(const FlashArgs a) {
   constexpr int BK = F16Tile<HD>::kBK;
@@ -265,7 +266,7 @@ __global__ void __launch_bounds__(NW * 32, (f16_min_blocks<HD, NW, KS, G>())) fl
   constexpr int NDT = HD / 8;  // n-tiles of the per-warp output tile [16, HD] of one head
   static_assert(HD % 16 == 0 || HD == 8, "head_dim instantiations are 8 or multiples of 16");
   static_assert(BK % 32 == 0, "hd 8 loads 32 keys per ldmatrix.x4; the others 16");
-  static_assert(G == 1 || (KS == 1 && kQRegs), "head groups: unsplit keys, Q fragments in registers");
+  static_assert(G == 1 || (KS == 1 && kQRegs && G == NW), "head groups: a head per warp, unsplit keys, Q in registers");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* sQ = reinterpret_cast<__half*>(smem_raw);  // [BQ][LD], reused to stage the output
@@ -348,7 +349,8 @@ __global__ void __launch_bounds__(NW * 32, (f16_min_blocks<HD, NW, KS, G>())) fl
     if (kb == kb_lo) {
 #pragma unroll
       for (int j = 0; j < G; ++j) {
-        const uint32_t qj = q_base + j * HD * 2;  // head j's columns
+        // G > 1: unit j = rows 16 j .. of the tile, this warp's head columns.
+        const uint32_t qj = G == 1 ? q_base : q_base + ((j - warp) * 16 * LD + warp * HD) * 2;
         if constexpr (HD == 8) {
           ldsm_x2(qf[j][0][0], qf[j][0][1], qj);
         } else if constexpr (kQRegs) {
@@ -360,148 +362,177 @@ __global__ void __launch_bounds__(NW * 32, (f16_min_blocks<HD, NW, KS, G>())) fl
     }
 
     const int k0 = kb * BK;
-    // Warp-uniform skips: rows all padding, or the whole key tile above this warp's diagonal.
-    const bool active = qw0 < sh.len && !(a.causal && k0 > qw0 + 15);
-    if (active) {
-      const uint32_t k_tile = smem_u32(sK + stage * BK * LD) + k_lane;
-      const uint32_t v_tile = smem_u32(sV + stage * BK * LD) + v_lane;
-      // Keys of this tile any row of the warp can see (>= 1 here): up to the length and, under
-      // causal, up to the warp's last row. Where they fit in the first half of the tile (the
-      // diagonal tiles of the first two warps, the last tile of a short length) only that half is
-      // computed (NP = BK / 32 16-key groups; the rest would be masked to zero weight), else all
-      // of it (NP = BK / 16). Two straight-line copies of the step: a runtime bound inside the
-      // unrolled loops splits them into branches and costs more than it saves.
-      const int kneed = min(a.causal ? min(sh.len, qw0 + 16) : sh.len, k0 + BK) - k0;
-      const auto step = [&](auto np_c) {
-        constexpr int NP = decltype(np_c)::value;
-        static_assert(NP >= 1 && 16 * NP <= BK && (HD != 8 || NP % 2 == 0), "whole 16-key groups (hd 8: 32)");
 #pragma unroll
-        for (int j = 0; j < G; ++j) {  // the CTA's heads, each with its own online softmax
-          float(&oj)[NDT][4] = o[j];
-          float(&mj)[2] = m[j];
-          float(&lj)[4] = lacc[j];
-          const uint32_t k_head = k_tile + j * HD * 2, v_head = v_tile + j * HD * 2;
+    for (int u = 0; u < G; ++u) {  // this warp's units: G = 1 its rows; G > 1 the tile's 16-row units
+      const int r0 = G == 1 ? qw0 : q0 + 16 * u;  // the unit's first query position
+      // Warp-uniform skips: rows all padding, or the whole key tile above this unit's diagonal.
+      const bool active = r0 < sh.len && !(a.causal && k0 > r0 + 15);
+      if (active) {
+        const uint32_t k_tile = smem_u32(sK + stage * BK * LD) + k_lane;
+        const uint32_t v_tile = smem_u32(sV + stage * BK * LD) + v_lane;
+        // Keys of this tile any row of the warp can see (>= 1 here): up to the length and, under
+        // causal, up to the warp's last row. Where they fit in the first half of the tile (the
+        // diagonal tiles of the first two warps, the last tile of a short length) only that half is
+        // computed (NP = BK / 32 16-key groups; the rest would be masked to zero weight), else all
+        // of it (NP = BK / 16). Two straight-line copies of the step: a runtime bound inside the
+        // unrolled loops splits them into branches and costs more than it saves.
+        const int kneed = min(a.causal ? min(sh.len, r0 + 16) : sh.len, k0 + BK) - k0;
+        const auto step = [&](auto np_c) {
+          constexpr int NP = decltype(np_c)::value;
+          static_assert(NP >= 1 && 16 * NP <= BK && (HD != 8 || NP % 2 == 0), "whole 16-key groups (hd 8: 32)");
+          {
+            const int j = u;
+            float(&oj)[NDT][4] = o[j];
+            float(&mj)[2] = m[j];
+            float(&lj)[4] = lacc[j];
+            const uint32_t head_col = G == 1 ? 0 : warp * HD * 2;  // bytes: this warp's head in the tiles
+            const uint32_t k_head = k_tile + head_col, v_head = v_tile + head_col;
 
-          // S = Q K^T for this warp's 16 rows and the tile's first 16 * NP keys.
-          float s[NKT][4];
+            // S = Q K^T for this warp's 16 rows and the tile's first 16 * NP keys.
+            float s[NKT][4];
 #pragma unroll
-          for (int i = 0; i < 2 * NP; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-          if constexpr (HD == 8) {
+            for (int i = 0; i < 2 * NP; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+            if constexpr (HD == 8) {
 #pragma unroll
-            for (int np = 0; np < (NP + 1) / 2; ++np) {
-              uint32_t b0, b1, b2, b3;
-              ldsm_x4(b0, b1, b2, b3, k_head + np * 32 * LD * 2);
-              mma_1688(s[4 * np + 0], qf[j][0][0], qf[j][0][1], b0);
-              mma_1688(s[4 * np + 1], qf[j][0][0], qf[j][0][1], b1);
-              mma_1688(s[4 * np + 2], qf[j][0][0], qf[j][0][1], b2);
-              mma_1688(s[4 * np + 3], qf[j][0][0], qf[j][0][1], b3);
-            }
-          } else {
-#pragma unroll
-            for (int ks = 0; ks < HD / 16; ++ks) {
-              uint32_t af[4];
-              if constexpr (kQRegs) {
-                af[0] = qf[j][ks][0]; af[1] = qf[j][ks][1]; af[2] = qf[j][ks][2]; af[3] = qf[j][ks][3];
-              } else {
-                ldsm_x4(af[0], af[1], af[2], af[3], q_base + (j * HD + ks * 16) * 2);
-              }
-#pragma unroll
-              for (int np = 0; np < NP; ++np) {
+              for (int np = 0; np < (NP + 1) / 2; ++np) {
                 uint32_t b0, b1, b2, b3;
-                ldsm_x4(b0, b1, b2, b3, k_head + (np * 16 * LD + ks * 16) * 2);
-                mma_16816(s[2 * np], af, b0, b1);
-                mma_16816(s[2 * np + 1], af, b2, b3);
+                ldsm_x4(b0, b1, b2, b3, k_head + np * 32 * LD * 2);
+                mma_1688(s[4 * np + 0], qf[j][0][0], qf[j][0][1], b0);
+                mma_1688(s[4 * np + 1], qf[j][0][0], qf[j][0][1], b1);
+                mma_1688(s[4 * np + 2], qf[j][0][0], qf[j][0][1], b2);
+                mma_1688(s[4 * np + 3], qf[j][0][0], qf[j][0][1], b3);
+              }
+            } else {
+#pragma unroll
+              for (int ks = 0; ks < HD / 16; ++ks) {
+                uint32_t af[4];
+                if constexpr (kQRegs) {
+                  af[0] = qf[j][ks][0]; af[1] = qf[j][ks][1]; af[2] = qf[j][ks][2]; af[3] = qf[j][ks][3];
+                } else {
+                  ldsm_x4(af[0], af[1], af[2], af[3], q_base + (j * HD + ks * 16) * 2);
+                }
+#pragma unroll
+                for (int np = 0; np < NP; ++np) {
+                  uint32_t b0, b1, b2, b3;
+                  ldsm_x4(b0, b1, b2, b3, k_head + (np * 16 * LD + ks * 16) * 2);
+                  mma_16816(s[2 * np], af, b0, b1);
+                  mma_16816(s[2 * np + 1], af, b2, b3);
+                }
               }
             }
-          }
 
-          // Masks only where the tile crosses the length or this warp's diagonal. Key j of this
-          // thread's element (nt, e) is k0 + 2t + nt*8 + (e & 1); row i may see keys up to
-          // lim(i) = causal ? min(i, len - 1) : len - 1, so the element stays iff its compile-time
-          // offset nt*8 + (e & 1) <= lim(i) - k0 - 2t (one compare per element).
-          if (k0 + 16 * NP > sh.len || (a.causal && k0 + 16 * NP - 1 > qw0)) {
-            int lim[2];
+            // Masks only where the tile crosses the length or this warp's diagonal. Key j of this
+            // thread's element (nt, e) is k0 + 2t + nt*8 + (e & 1); row i may see keys up to
+            // lim(i) = causal ? min(i, len - 1) : len - 1, so the element stays iff its compile-time
+            // offset nt*8 + (e & 1) <= lim(i) - k0 - 2t (one compare per element).
+            if (k0 + 16 * NP > sh.len || (a.causal && k0 + 16 * NP - 1 > r0)) {
+              int lim[2];
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                const int i = r0 + g + 8 * r;
+                lim[r] = (a.causal ? min(i, sh.len - 1) : sh.len - 1) - (k0 + 2 * t);
+              }
+#pragma unroll
+              for (int nt = 0; nt < 2 * NP; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                  if (nt * 8 + (e & 1) > lim[e >> 1]) s[nt][e] = -INFINITY;
+              }
+            }
+
+            // Online softmax: new row max over the quad, rescale the running sum and O.
+            float mx[2] = {mj[0], mj[1]};
+#pragma unroll
+            for (int nt = 0; nt < 2 * NP; ++nt) {
+              mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
+              mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
+            }
+            float mb[2];  // max in exp2 units; 0 while a row has seen only masked keys (avoids inf - inf)
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-              const int i = qw0 + g + 8 * r;
-              lim[r] = (a.causal ? min(i, sh.len - 1) : sh.len - 1) - (k0 + 2 * t);
+              mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+              mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+              mb[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
+              const float alpha = ex2(mj[r] * sl2 - mb[r]);
+              mj[r] = mx[r];
+              lj[2 * r] *= alpha;
+#pragma unroll
+              for (int dt = 0; dt < NDT; ++dt) {
+                oj[dt][2 * r] *= alpha;
+                oj[dt][2 * r + 1] *= alpha;
+              }
             }
 #pragma unroll
             for (int nt = 0; nt < 2 * NP; ++nt) {
 #pragma unroll
-              for (int e = 0; e < 4; ++e)
-                if (nt * 8 + (e & 1) > lim[e >> 1]) s[nt][e] = -INFINITY;
+              for (int e = 0; e < 4; ++e) {
+                s[nt][e] = ex2(fmaf(s[nt][e], sl2, -mb[e >> 1]));
+              }
             }
-          }
 
-          // Online softmax: new row max over the quad, rescale the running sum and O.
-          float mx[2] = {mj[0], mj[1]};
+            // O += P V: the score accumulators of two adjacent key n-tiles form one A fragment.
 #pragma unroll
-          for (int nt = 0; nt < 2 * NP; ++nt) {
-            mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
-          }
-          float mb[2];  // max in exp2 units; 0 while a row has seen only masked keys (avoids inf - inf)
+            for (int ks = 0; ks < NP; ++ks) {
+              const uint32_t pa[4] = {pack_half2(s[2 * ks][0], s[2 * ks][1]), pack_half2(s[2 * ks][2], s[2 * ks][3]),
+                                      pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                                      pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+              mma_16816(lj, pa, kHalf2Ones, kHalf2Ones);
+              if constexpr (HD == 8) {
+                uint32_t b0, b1;
+                ldsm_x2_t(b0, b1, v_head + ks * 16 * LD * 2);
+                mma_16816(oj[0], pa, b0, b1);
+              } else {
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            mb[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
-            const float alpha = ex2(mj[r] * sl2 - mb[r]);
-            mj[r] = mx[r];
-            lj[2 * r] *= alpha;
-#pragma unroll
-            for (int dt = 0; dt < NDT; ++dt) {
-              oj[dt][2 * r] *= alpha;
-              oj[dt][2 * r + 1] *= alpha;
-            }
-          }
-#pragma unroll
-          for (int nt = 0; nt < 2 * NP; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              s[nt][e] = ex2(fmaf(s[nt][e], sl2, -mb[e >> 1]));
-            }
-          }
-
-          // O += P V: the score accumulators of two adjacent key n-tiles form one A fragment.
-#pragma unroll
-          for (int ks = 0; ks < NP; ++ks) {
-            const uint32_t pa[4] = {pack_half2(s[2 * ks][0], s[2 * ks][1]), pack_half2(s[2 * ks][2], s[2 * ks][3]),
-                                    pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                                    pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-            mma_16816(lj, pa, kHalf2Ones, kHalf2Ones);
-            if constexpr (HD == 8) {
-              uint32_t b0, b1;
-              ldsm_x2_t(b0, b1, v_head + ks * 16 * LD * 2);
-              mma_16816(oj[0], pa, b0, b1);
-            } else {
-#pragma unroll
-              for (int dp = 0; dp < HD / 16; ++dp) {
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4_t(b0, b1, b2, b3, v_head + (ks * 16 * LD + dp * 16) * 2);
-                mma_16816(oj[2 * dp], pa, b0, b1);
-                mma_16816(oj[2 * dp + 1], pa, b2, b3);
+                for (int dp = 0; dp < HD / 16; ++dp) {
+                  uint32_t b0, b1, b2, b3;
+                  ldsm_x4_t(b0, b1, b2, b3, v_head + (ks * 16 * LD + dp * 16) * 2);
+                  mma_16816(oj[2 * dp], pa, b0, b1);
+                  mma_16816(oj[2 * dp + 1], pa, b2, b3);
+                }
               }
             }
           }
-        }  // heads
-      };
-      if (kneed <= BK / 2) {
-        step(std::integral_constant<int, BK / 32>{});
-      } else {
-        step(std::integral_constant<int, BK / 16>{});
+        };
+        if (kneed <= BK / 2) {
+          step(std::integral_constant<int, BK / 32>{});
+        } else {
+          step(std::integral_constant<int, BK / 16>{});
+        }
       }
-    }
+    }  // units
     __syncthreads();  // the stage just read is refilled by the next iteration's prefetch
   }
 
   if constexpr (KS > 1) {
     const float l[2] = {lacc[0][0], lacc[0][2]};  // whole row sums already (the mma summed over the quad)
     flash_combine_split<HD, NW, KS>(a, sh, q0, o[0], m[0], l, smem_raw, warp, lane);
+  } else if constexpr (G > 1) {
+    // Normalise, stage every unit's 16 rows of this warp's head as fp16 in sQ (no warp reads Q
+    // after the key loop's barriers), then the CTA stores whole rows in 16-byte chunks.
+#pragma unroll
+    for (int u = 0; u < G; ++u) {
+      float inv[2];  // whole row sums already (the mma summed over the quad)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) inv[r] = lacc[u][2 * r] > 0.f ? 1.f / lacc[u][2 * r] : 0.f;
+#pragma unroll
+      for (int dt = 0; dt < NDT; ++dt) {
+        *reinterpret_cast<__half2*>(sQ + (16 * u + g) * LD + warp * HD + dt * 8 + 2 * t) =
+            __floats2half2_rn(o[u][dt][0] * inv[0], o[u][dt][1] * inv[0]);
+        *reinterpret_cast<__half2*>(sQ + (16 * u + g + 8) * LD + warp * HD + dt * 8 + 2 * t) =
+            __floats2half2_rn(o[u][dt][2] * inv[1], o[u][dt][3] * inv[1]);
+      }
+    }
+    __syncthreads();
+    constexpr int kChunks = HDT / 8;  // 16-byte chunks of a row
+    for (int idx = threadIdx.x; idx < BQ * kChunks; idx += NT) {
+      const int r = idx / kChunks, c = idx % kChunks;
+      const int pos = q0 + r;
+      if (pos >= a.S || c * 8 >= G * a.hd || (pos >= sh.len && a.seq_start)) continue;
+      const uint4 v = pos < sh.len ? *reinterpret_cast<const uint4*>(sQ + r * LD + c * 8) : make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(out + (sh.row0 + pos) * a.out_stride + sh.h * G * a.hd + c * 8) = v;
+    }
   } else {
-    // Normalise, stage this warp's 16 rows (every head's columns) as fp16 in its own rows of sQ,
-    // store 16-byte chunks.
+    // Normalise, stage this warp's 16 rows as fp16 in its own rows of sQ, store 16-byte chunks.
     float inv[G][2];  // lacc[j][0] / [2]: whole row sums already (the mma summed over the quad)
 #pragma unroll
     for (int j = 0; j < G; ++j)
