@@ -56,9 +56,9 @@ template <int HD, int KS> constexpr int f16_min_warps() {
          : HD == 64 ? 16
                     : 0;
 }
-// Head groups (G > 1 heads of one sequence per CTA; hd 8 x 4): the per-warp state of the G heads
-// (O, running max, row sums, Q fragments) stays live across the key loop and the unrolled heads
-// overlap: 125 registers, 4 CTAs per SM (at 96 it spills 4 bytes, at 80 188).
+// Head groups (G > 1 heads of one sequence per CTA; hd 8 x 4): a warp's state for the tile's G row
+// units (O, running max, row sums, Q fragments) stays live across the key loop and the unrolled
+// units overlap: 124 registers, 4 CTAs per SM (at 96 it spills 16 bytes, at 80 112).
 template <int HD, int KS, int G> constexpr int f16_min_warps_grouped() {
   return G == 1 ? f16_min_warps<HD, KS>() : 16;
 }
