@@ -60,7 +60,7 @@ template <int HD, int KS> constexpr int f16_min_warps() {
 // units (O, running max, row sums, Q fragments) stays live across the key loop and the unrolled
 // units overlap: 124 registers, 4 CTAs per SM (at 96 it spills 16 bytes, at 80 112).
 template <int HD, int KS, int G> constexpr int f16_min_warps_grouped() {
-  return G == 1 ? f16_min_warps<HD, KS>() : 16;
+  return G == 1 ? f16_min_warps<HD, KS>() : 20;
 }
 template <int HD, int NW, int KS, int G = 1> constexpr int f16_min_blocks() {
   return f16_min_warps_grouped<HD, KS, G>() / NW > 1 ? f16_min_warps_grouped<HD, KS, G>() / NW : 1;
