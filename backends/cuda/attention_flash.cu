@@ -56,17 +56,25 @@ template <int HD, int KS> constexpr int f16_min_warps() {
          : HD == 64 ? 16
                     : 0;
 }
-template <int HD, int NW, int KS> constexpr int f16_min_blocks() {
-  return f16_min_warps<HD, KS>() / NW > 1 ? f16_min_warps<HD, KS>() / NW : 1;
+// Head groups (G > 1 heads of one sequence per CTA; hd 8 x 4): a warp's state for the tile's G row
+// units (O, running max, row sums, Q fragments) stays live across the key loop and the unrolled
+// units overlap: unbounded 124 registers (4 CTAs per SM); bounded to 96 (5 CTAs per SM) with 16
+// bytes of spills, measured faster on the H200 (case 11 per layer 0.0604 vs 0.0650 ms); at 80 it
+// spills 112 bytes.
+template <int HD, int KS, int G> constexpr int f16_min_warps_grouped() {
+  return G == 1 ? f16_min_warps<HD, KS>() : 20;
+}
+template <int HD, int NW, int KS, int G = 1> constexpr int f16_min_blocks() {
+  return f16_min_warps_grouped<HD, KS, G>() / NW > 1 ? f16_min_warps_grouped<HD, KS, G>() / NW : 1;
 }
 
 // Row stride (halves) of the shared tiles. 8 halves of padding put the 8 rows an ldmatrix reads
 // into 8 different 16-byte bank groups; hd 8 rows (16 bytes) are conflict-free unpadded.
 template <int HD> __host__ __device__ constexpr int f16_ld() { return HD == 8 ? 8 : HD + 8; }
 
-template <int HD, int NW>
-constexpr size_t f16_smem_bytes() {
-  return sizeof(__half) * size_t(f16_ld<HD>()) * (16 * NW + 4 * F16Tile<HD>::kBK);  // Q + 2 x (K, V)
+template <int HD, int NW, int G = 1>
+constexpr size_t f16_smem_bytes() {  // Q + 2 x (K, V) of G heads
+  return sizeof(__half) * size_t(f16_ld<G * HD>()) * (16 * NW + 4 * F16Tile<HD>::kBK);
 }
 
 // f32: fixed 32 query rows x 32 keys per step and 128 threads (each thread: 2 rows x 4 keys of
@@ -99,10 +107,11 @@ struct SeqHead {
   int64_t row0;  // qkv/out row of position 0
 };
 
-__device__ __forceinline__ SeqHead seq_head(const FlashArgs& a) {
+// blockIdx.x = b * groups + h: h is the head (groups = H) or the head group of G heads (H / G).
+__device__ __forceinline__ SeqHead seq_head(const FlashArgs& a, int groups) {
   SeqHead r;
-  r.b = blockIdx.x / a.H;
-  r.h = blockIdx.x - r.b * a.H;
+  r.b = blockIdx.x / groups;
+  r.h = blockIdx.x - r.b * groups;
   const int len = a.lengths ? a.lengths[r.b] : a.S;
   r.len = len < 0 ? 0 : (len > a.S ? a.S : len);
   r.row0 = a.seq_start ? int64_t(a.seq_start[r.b]) : int64_t(r.b) * a.S;
@@ -138,15 +147,17 @@ __device__ __forceinline__ void load_tile_f16(__half* dst, const __half* col0, i
   }
 }
 
-// Zeros for `rows` query rows of this head starting at position pos0 (dense layout padding).
-template <int HD, int NT>
+// Zeros for `rows` query rows of this head (G heads: head group) starting at position pos0 (dense
+// layout padding).
+template <int HD, int NT, int G = 1>
 __device__ __forceinline__ void store_zero_rows_f16(__half* out, const FlashArgs& a, const SeqHead& sh, int pos0,
                                                     int rows, int tid) {
-  constexpr int kChunks = HD / 8;
+  constexpr int kChunks = G * HD / 8;
   for (int idx = tid; idx < rows * kChunks; idx += NT) {
     const int r = idx / kChunks, c = idx % kChunks;
-    if (pos0 + r < a.S && c * 8 < a.hd) {
-      *reinterpret_cast<uint4*>(out + (sh.row0 + pos0 + r) * a.out_stride + sh.h * a.hd + c * 8) = make_uint4(0, 0, 0, 0);
+    if (pos0 + r < a.S && c * 8 < G * a.hd) {
+      *reinterpret_cast<uint4*>(out + (sh.row0 + pos0 + r) * a.out_stride + sh.h * G * a.hd + c * 8) =
+          make_uint4(0, 0, 0, 0);
     }
   }
 }
@@ -239,17 +250,25 @@ __device__ __forceinline__ void flash_combine_split(const FlashArgs& a, const Se
 // memory, and after a cluster barrier each CTA combines the KS partial results of a 1/KS slice
 // of the tile's rows over distributed shared memory and stores them. Same output layout and
 // rules as KS = 1 (rows >= len: zeros when dense, untouched when packed).
-template <int HD, int NW, int KS = 1>
-__global__ void __launch_bounds__(NW * 32, (f16_min_blocks<HD, NW, KS>())) flash_f16_kernel(const FlashArgs a) {
+// G > 1 (G = NW, KS = 1, head_dim exactly HD): the CTA takes G adjacent heads of its (sequence,
+// query tile): grid x = b * (H / G) + head group. The tiles hold the G heads' columns side by side
+// (one Q / K / V row of G * HD halves: G times fewer, longer copies); warp w computes head w for
+// every 16-row unit of the tile that has valid rows (a short sequence keeps all warps busy instead
+// of leaving those past its length idle), each unit with its own online softmax; the set-up, the
+// length / offset loads, the K/V pipeline and the stores are shared by the G heads.
+template <int HD, int NW, int KS = 1, int G = 1>
+__global__ void __launch_bounds__(NW * 32, (f16_min_blocks<HD, NW, KS, G>())) flash_f16_kernel(const FlashArgs a) {
   constexpr int BK = F16Tile<HD>::kBK;
   constexpr bool kQRegs = F16Tile<HD>::kQInRegs;
   constexpr int BQ = 16 * NW;
   constexpr int NT = 32 * NW;
-  constexpr int LD = f16_ld<HD>();
+  constexpr int HDT = G * HD;  // columns of a tile row
+  constexpr int LD = f16_ld<HDT>();
   constexpr int NKT = BK / 8;  // n-tiles of the per-warp score tile [16, BK]
-  constexpr int NDT = HD / 8;  // n-tiles of the per-warp output tile [16, HD]
+  constexpr int NDT = HD / 8;  // n-tiles of the per-warp output tile [16, HD] of one head
   static_assert(HD % 16 == 0 || HD == 8, "head_dim instantiations are 8 or multiples of 16");
   static_assert(BK % 32 == 0, "hd 8 loads 32 keys per ldmatrix.x4; the others 16");
+  static_assert(G == 1 || (KS == 1 && kQRegs && G == NW), "head groups: a head per warp, unsplit keys, Q in registers");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* sQ = reinterpret_cast<__half*>(smem_raw);  // [BQ][LD], reused to stage the output
@@ -258,11 +277,11 @@ __global__ void __launch_bounds__(NW * 32, (f16_min_blocks<HD, NW, KS>())) flash
 
   pdl_launch_dependents();
   pdl_wait();  // launch_pdl: lengths, offsets and qkv come from earlier kernels
-  const SeqHead sh = seq_head(a);
+  const SeqHead sh = seq_head(a, a.H / G);
   const int q0 = (gridDim.y - 1 - blockIdx.y) * BQ;
   __half* out = static_cast<__half*>(a.out);
   if (q0 >= sh.len) {  // all rows of this tile are padding (the whole cluster returns here)
-    if (!a.seq_start && (KS == 1 || blockIdx.z == 0)) store_zero_rows_f16<HD, NT>(out, a, sh, q0, BQ, threadIdx.x);
+    if (!a.seq_start && (KS == 1 || blockIdx.z == 0)) store_zero_rows_f16<HD, NT, G>(out, a, sh, q0, BQ, threadIdx.x);
     return;
   }
 
@@ -271,7 +290,7 @@ __global__ void __launch_bounds__(NW * 32, (f16_min_blocks<HD, NW, KS>())) flash
   const int qw0 = q0 + warp * 16;        // first query position of this warp
   const __half* qkv = static_cast<const __half*>(a.qkv);
   const int D = a.H * a.hd;
-  const __half* q_col = qkv + sh.h * a.hd;
+  const __half* q_col = qkv + sh.h * G * a.hd;
   const __half* k_col = q_col + D;
   const __half* v_col = q_col + 2 * D;
 
@@ -286,10 +305,10 @@ __global__ void __launch_bounds__(NW * 32, (f16_min_blocks<HD, NW, KS>())) flash
     kb_hi = min(nkb, kb_lo + per);
   }
 
-  load_tile_f16<BQ, HD, NT>(sQ, q_col, sh.row0, a.qkv_stride, q0, sh.len, a.hd);
+  load_tile_f16<BQ, HDT, NT>(sQ, q_col, sh.row0, a.qkv_stride, q0, sh.len, G * a.hd);
   if (kb_lo < kb_hi) {
-    load_tile_f16<BK, HD, NT>(sK, k_col, sh.row0, a.qkv_stride, kb_lo * BK, sh.len, a.hd);
-    load_tile_f16<BK, HD, NT>(sV, v_col, sh.row0, a.qkv_stride, kb_lo * BK, sh.len, a.hd);
+    load_tile_f16<BK, HDT, NT>(sK, k_col, sh.row0, a.qkv_stride, kb_lo * BK, sh.len, G * a.hd);
+    load_tile_f16<BK, HDT, NT>(sV, v_col, sh.row0, a.qkv_stride, kb_lo * BK, sh.len, G * a.hd);
   }
   cp_async_commit();
 
@@ -299,23 +318,29 @@ __global__ void __launch_bounds__(NW * 32, (f16_min_blocks<HD, NW, KS>())) flash
   const uint32_t v_lane = HD == 8 ? (lane & 15) * LD * 2 : (((lane & 7) + (((lane >> 3) & 1) << 3)) * LD + (lane >> 4) * 8) * 2;
 
   constexpr int kQFrags = HD == 8 ? 1 : (kQRegs ? HD / 16 : 1);
-  uint32_t qf[kQFrags][4];
-  float o[NDT][4];
+  // Per head of the CTA (G = 1: its one head): Q fragments, O, running row max (raw score units,
+  // rows g and g + 8) and running row sums as an mma accumulator (ptx.cuh kHalf2Ones: [0] / [2]
+  // hold the whole sum of rows g / g + 8, [1] and [3] are never read; instead of one add per
+  // probability on the issue-bound path).
+  uint32_t qf[G][kQFrags][4];
+  float o[G][NDT][4];
+  float m[G][2];
+  float lacc[G][4];
 #pragma unroll
-  for (int i = 0; i < NDT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY};  // running row max (raw score units), rows g and g+8
-  // Running row sums as an mma accumulator (ptx.cuh kHalf2Ones): [0] / [2] hold the whole sum of
-  // rows g / g + 8 ([1] and [3] are never read). Instead of one add per probability on the
-  // issue-bound path.
-  float lacc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int j = 0; j < G; ++j) {
+#pragma unroll
+    for (int i = 0; i < NDT; ++i) o[j][i][0] = o[j][i][1] = o[j][i][2] = o[j][i][3] = 0.f;
+    m[j][0] = m[j][1] = -INFINITY;
+    lacc[j][0] = lacc[j][1] = lacc[j][2] = lacc[j][3] = 0.f;
+  }
   const float sl2 = a.scale_log2;
 
   for (int kb = kb_lo; kb < kb_hi; ++kb) {
     const int stage = (kb - kb_lo) & 1;
     if (kb + 1 < kb_hi) {
       const int nxt = stage ^ 1;
-      load_tile_f16<BK, HD, NT>(sK + nxt * BK * LD, k_col, sh.row0, a.qkv_stride, (kb + 1) * BK, sh.len, a.hd);
-      load_tile_f16<BK, HD, NT>(sV + nxt * BK * LD, v_col, sh.row0, a.qkv_stride, (kb + 1) * BK, sh.len, a.hd);
+      load_tile_f16<BK, HDT, NT>(sK + nxt * BK * LD, k_col, sh.row0, a.qkv_stride, (kb + 1) * BK, sh.len, G * a.hd);
+      load_tile_f16<BK, HDT, NT>(sV + nxt * BK * LD, v_col, sh.row0, a.qkv_stride, (kb + 1) * BK, sh.len, G * a.hd);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -324,167 +349,216 @@ __global__ void __launch_bounds__(NW * 32, (f16_min_blocks<HD, NW, KS>())) flash
     __syncthreads();
 
     if (kb == kb_lo) {
-      if constexpr (HD == 8) {
-        ldsm_x2(qf[0][0], qf[0][1], q_base);
-      } else if constexpr (kQRegs) {
 #pragma unroll
-        for (int ks = 0; ks < HD / 16; ++ks) ldsm_x4(qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], q_base + ks * 32);
+      for (int j = 0; j < G; ++j) {
+        // G > 1: unit j = rows 16 j .. of the tile, this warp's head columns.
+        const uint32_t qj = G == 1 ? q_base : q_base + ((j - warp) * 16 * LD + warp * HD) * 2;
+        if constexpr (HD == 8) {
+          ldsm_x2(qf[j][0][0], qf[j][0][1], qj);
+        } else if constexpr (kQRegs) {
+#pragma unroll
+          for (int ks = 0; ks < HD / 16; ++ks)
+            ldsm_x4(qf[j][ks][0], qf[j][ks][1], qf[j][ks][2], qf[j][ks][3], qj + ks * 32);
+        }
       }
     }
 
     const int k0 = kb * BK;
-    // Warp-uniform skips: rows all padding, or the whole key tile above this warp's diagonal.
-    const bool active = qw0 < sh.len && !(a.causal && k0 > qw0 + 15);
-    if (active) {
-      const uint32_t k_tile = smem_u32(sK + stage * BK * LD) + k_lane;
-      const uint32_t v_tile = smem_u32(sV + stage * BK * LD) + v_lane;
-      // Keys of this tile any row of the warp can see (>= 1 here): up to the length and, under
-      // causal, up to the warp's last row. Where they fit in the first half of the tile (the
-      // diagonal tiles of the first two warps, the last tile of a short length) only that half is
-      // computed (NP = BK / 32 16-key groups; the rest would be masked to zero weight), else all
-      // of it (NP = BK / 16). Two straight-line copies of the step: a runtime bound inside the
-      // unrolled loops splits them into branches and costs more than it saves.
-      const int kneed = min(a.causal ? min(sh.len, qw0 + 16) : sh.len, k0 + BK) - k0;
-      const auto step = [&](auto np_c) {
-        constexpr int NP = decltype(np_c)::value;
-        static_assert(NP >= 1 && 16 * NP <= BK && (HD != 8 || NP % 2 == 0), "whole 16-key groups (hd 8: 32)");
+#pragma unroll
+    for (int u = 0; u < G; ++u) {  // this warp's units: G = 1 its rows; G > 1 the tile's 16-row units
+      const int r0 = G == 1 ? qw0 : q0 + 16 * u;  // the unit's first query position
+      // Warp-uniform skips: rows all padding, or the whole key tile above this unit's diagonal.
+      const bool active = r0 < sh.len && !(a.causal && k0 > r0 + 15);
+      if (active) {
+        const uint32_t k_tile = smem_u32(sK + stage * BK * LD) + k_lane;
+        const uint32_t v_tile = smem_u32(sV + stage * BK * LD) + v_lane;
+        // Keys of this tile any row of the warp can see (>= 1 here): up to the length and, under
+        // causal, up to the warp's last row. Where they fit in the first half of the tile (the
+        // diagonal tiles of the first two warps, the last tile of a short length) only that half is
+        // computed (NP = BK / 32 16-key groups; the rest would be masked to zero weight), else all
+        // of it (NP = BK / 16). Two straight-line copies of the step: a runtime bound inside the
+        // unrolled loops splits them into branches and costs more than it saves.
+        const int kneed = min(a.causal ? min(sh.len, r0 + 16) : sh.len, k0 + BK) - k0;
+        const auto step = [&](auto np_c) {
+          constexpr int NP = decltype(np_c)::value;
+          static_assert(NP >= 1 && 16 * NP <= BK && (HD != 8 || NP % 2 == 0), "whole 16-key groups (hd 8: 32)");
+          {
+            const int j = u;
+            float(&oj)[NDT][4] = o[j];
+            float(&mj)[2] = m[j];
+            float(&lj)[4] = lacc[j];
+            const uint32_t head_col = G == 1 ? 0 : warp * HD * 2;  // bytes: this warp's head in the tiles
+            const uint32_t k_head = k_tile + head_col, v_head = v_tile + head_col;
 
-        // S = Q K^T for this warp's 16 rows and the tile's first 16 * NP keys.
-        float s[NKT][4];
+            // S = Q K^T for this warp's 16 rows and the tile's first 16 * NP keys.
+            float s[NKT][4];
 #pragma unroll
-        for (int i = 0; i < 2 * NP; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-        if constexpr (HD == 8) {
+            for (int i = 0; i < 2 * NP; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+            if constexpr (HD == 8) {
 #pragma unroll
-          for (int np = 0; np < (NP + 1) / 2; ++np) {
-            uint32_t b0, b1, b2, b3;
-            ldsm_x4(b0, b1, b2, b3, k_tile + np * 32 * LD * 2);
-            mma_1688(s[4 * np + 0], qf[0][0], qf[0][1], b0);
-            mma_1688(s[4 * np + 1], qf[0][0], qf[0][1], b1);
-            mma_1688(s[4 * np + 2], qf[0][0], qf[0][1], b2);
-            mma_1688(s[4 * np + 3], qf[0][0], qf[0][1], b3);
-          }
-        } else {
-#pragma unroll
-          for (int ks = 0; ks < HD / 16; ++ks) {
-            uint32_t af[4];
-            if constexpr (kQRegs) {
-              af[0] = qf[ks][0]; af[1] = qf[ks][1]; af[2] = qf[ks][2]; af[3] = qf[ks][3];
+              for (int np = 0; np < (NP + 1) / 2; ++np) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(b0, b1, b2, b3, k_head + np * 32 * LD * 2);
+                mma_1688(s[4 * np + 0], qf[j][0][0], qf[j][0][1], b0);
+                mma_1688(s[4 * np + 1], qf[j][0][0], qf[j][0][1], b1);
+                mma_1688(s[4 * np + 2], qf[j][0][0], qf[j][0][1], b2);
+                mma_1688(s[4 * np + 3], qf[j][0][0], qf[j][0][1], b3);
+              }
             } else {
-              ldsm_x4(af[0], af[1], af[2], af[3], q_base + ks * 32);
+#pragma unroll
+              for (int ks = 0; ks < HD / 16; ++ks) {
+                uint32_t af[4];
+                if constexpr (kQRegs) {
+                  af[0] = qf[j][ks][0]; af[1] = qf[j][ks][1]; af[2] = qf[j][ks][2]; af[3] = qf[j][ks][3];
+                } else {
+                  ldsm_x4(af[0], af[1], af[2], af[3], q_base + (j * HD + ks * 16) * 2);
+                }
+#pragma unroll
+                for (int np = 0; np < NP; ++np) {
+                  uint32_t b0, b1, b2, b3;
+                  ldsm_x4(b0, b1, b2, b3, k_head + (np * 16 * LD + ks * 16) * 2);
+                  mma_16816(s[2 * np], af, b0, b1);
+                  mma_16816(s[2 * np + 1], af, b2, b3);
+                }
+              }
+            }
+
+            // Masks only where the tile crosses the length or this warp's diagonal. Key j of this
+            // thread's element (nt, e) is k0 + 2t + nt*8 + (e & 1); row i may see keys up to
+            // lim(i) = causal ? min(i, len - 1) : len - 1, so the element stays iff its compile-time
+            // offset nt*8 + (e & 1) <= lim(i) - k0 - 2t (one compare per element).
+            if (k0 + 16 * NP > sh.len || (a.causal && k0 + 16 * NP - 1 > r0)) {
+              int lim[2];
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                const int i = r0 + g + 8 * r;
+                lim[r] = (a.causal ? min(i, sh.len - 1) : sh.len - 1) - (k0 + 2 * t);
+              }
+#pragma unroll
+              for (int nt = 0; nt < 2 * NP; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                  if (nt * 8 + (e & 1) > lim[e >> 1]) s[nt][e] = -INFINITY;
+              }
+            }
+
+            // Online softmax: new row max over the quad, rescale the running sum and O.
+            float mx[2] = {mj[0], mj[1]};
+#pragma unroll
+            for (int nt = 0; nt < 2 * NP; ++nt) {
+              mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
+              mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
+            }
+            float mb[2];  // max in exp2 units; 0 while a row has seen only masked keys (avoids inf - inf)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+              mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+              mb[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
+              const float alpha = ex2(mj[r] * sl2 - mb[r]);
+              mj[r] = mx[r];
+              lj[2 * r] *= alpha;
+#pragma unroll
+              for (int dt = 0; dt < NDT; ++dt) {
+                oj[dt][2 * r] *= alpha;
+                oj[dt][2 * r + 1] *= alpha;
+              }
             }
 #pragma unroll
-            for (int np = 0; np < NP; ++np) {
-              uint32_t b0, b1, b2, b3;
-              ldsm_x4(b0, b1, b2, b3, k_tile + (np * 16 * LD + ks * 16) * 2);
-              mma_16816(s[2 * np], af, b0, b1);
-              mma_16816(s[2 * np + 1], af, b2, b3);
+            for (int nt = 0; nt < 2 * NP; ++nt) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                s[nt][e] = ex2(fmaf(s[nt][e], sl2, -mb[e >> 1]));
+              }
+            }
+
+            // O += P V: the score accumulators of two adjacent key n-tiles form one A fragment.
+#pragma unroll
+            for (int ks = 0; ks < NP; ++ks) {
+              const uint32_t pa[4] = {pack_half2(s[2 * ks][0], s[2 * ks][1]), pack_half2(s[2 * ks][2], s[2 * ks][3]),
+                                      pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                                      pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+              mma_16816(lj, pa, kHalf2Ones, kHalf2Ones);
+              if constexpr (HD == 8) {
+                uint32_t b0, b1;
+                ldsm_x2_t(b0, b1, v_head + ks * 16 * LD * 2);
+                mma_16816(oj[0], pa, b0, b1);
+              } else {
+#pragma unroll
+                for (int dp = 0; dp < HD / 16; ++dp) {
+                  uint32_t b0, b1, b2, b3;
+                  ldsm_x4_t(b0, b1, b2, b3, v_head + (ks * 16 * LD + dp * 16) * 2);
+                  mma_16816(oj[2 * dp], pa, b0, b1);
+                  mma_16816(oj[2 * dp + 1], pa, b2, b3);
+                }
+              }
             }
           }
+        };
+        if (kneed <= BK / 2) {
+          step(std::integral_constant<int, BK / 32>{});
+        } else {
+          step(std::integral_constant<int, BK / 16>{});
         }
-
-        // Masks only where the tile crosses the length or this warp's diagonal. Key j of this
-        // thread's element (nt, e) is k0 + 2t + nt*8 + (e & 1); row i may see keys up to
-        // lim(i) = causal ? min(i, len - 1) : len - 1, so the element stays iff its compile-time
-        // offset nt*8 + (e & 1) <= lim(i) - k0 - 2t (one compare per element).
-        if (k0 + 16 * NP > sh.len || (a.causal && k0 + 16 * NP - 1 > qw0)) {
-          int lim[2];
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int i = qw0 + g + 8 * r;
-            lim[r] = (a.causal ? min(i, sh.len - 1) : sh.len - 1) - (k0 + 2 * t);
-          }
-#pragma unroll
-          for (int nt = 0; nt < 2 * NP; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              if (nt * 8 + (e & 1) > lim[e >> 1]) s[nt][e] = -INFINITY;
-          }
-        }
-
-        // Online softmax: new row max over the quad, rescale the running sum and O.
-        float mx[2] = {m[0], m[1]};
-#pragma unroll
-        for (int nt = 0; nt < 2 * NP; ++nt) {
-          mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
-          mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
-        }
-        float mb[2];  // max in exp2 units; 0 while a row has seen only masked keys (avoids inf - inf)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-          mb[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
-          const float alpha = ex2(m[r] * sl2 - mb[r]);
-          m[r] = mx[r];
-          lacc[2 * r] *= alpha;
-#pragma unroll
-          for (int dt = 0; dt < NDT; ++dt) {
-            o[dt][2 * r] *= alpha;
-            o[dt][2 * r + 1] *= alpha;
-          }
-        }
-#pragma unroll
-        for (int nt = 0; nt < 2 * NP; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            s[nt][e] = ex2(fmaf(s[nt][e], sl2, -mb[e >> 1]));
-          }
-        }
-
-        // O += P V: the score accumulators of two adjacent key n-tiles form one A fragment.
-#pragma unroll
-        for (int ks = 0; ks < NP; ++ks) {
-          const uint32_t pa[4] = {pack_half2(s[2 * ks][0], s[2 * ks][1]), pack_half2(s[2 * ks][2], s[2 * ks][3]),
-                                  pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                                  pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-          mma_16816(lacc, pa, kHalf2Ones, kHalf2Ones);
-          if constexpr (HD == 8) {
-            uint32_t b0, b1;
-            ldsm_x2_t(b0, b1, v_tile + ks * 16 * LD * 2);
-            mma_16816(o[0], pa, b0, b1);
-          } else {
-#pragma unroll
-            for (int dp = 0; dp < HD / 16; ++dp) {
-              uint32_t b0, b1, b2, b3;
-              ldsm_x4_t(b0, b1, b2, b3, v_tile + (ks * 16 * LD + dp * 16) * 2);
-              mma_16816(o[2 * dp], pa, b0, b1);
-              mma_16816(o[2 * dp + 1], pa, b2, b3);
-            }
-          }
-        }
-      };
-      if (kneed <= BK / 2) {
-        step(std::integral_constant<int, BK / 32>{});
-      } else {
-        step(std::integral_constant<int, BK / 16>{});
       }
-    }
+    }  // units
     __syncthreads();  // the stage just read is refilled by the next iteration's prefetch
   }
 
-  const float l[2] = {lacc[0], lacc[2]};  // whole row sums already (the mma summed over the quad)
   if constexpr (KS > 1) {
-    flash_combine_split<HD, NW, KS>(a, sh, q0, o, m, l, smem_raw, warp, lane);
+    const float l[2] = {lacc[0][0], lacc[0][2]};  // whole row sums already (the mma summed over the quad)
+    flash_combine_split<HD, NW, KS>(a, sh, q0, o[0], m[0], l, smem_raw, warp, lane);
+  } else if constexpr (G > 1) {
+    // Normalise, stage every unit's 16 rows of this warp's head as fp16 in sQ (no warp reads Q
+    // after the key loop's barriers), then the CTA stores whole rows in 16-byte chunks.
+#pragma unroll
+    for (int u = 0; u < G; ++u) {
+      float inv[2];  // whole row sums already (the mma summed over the quad)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) inv[r] = lacc[u][2 * r] > 0.f ? 1.f / lacc[u][2 * r] : 0.f;
+#pragma unroll
+      for (int dt = 0; dt < NDT; ++dt) {
+        *reinterpret_cast<__half2*>(sQ + (16 * u + g) * LD + warp * HD + dt * 8 + 2 * t) =
+            __floats2half2_rn(o[u][dt][0] * inv[0], o[u][dt][1] * inv[0]);
+        *reinterpret_cast<__half2*>(sQ + (16 * u + g + 8) * LD + warp * HD + dt * 8 + 2 * t) =
+            __floats2half2_rn(o[u][dt][2] * inv[1], o[u][dt][3] * inv[1]);
+      }
+    }
+    __syncthreads();
+    constexpr int kChunks = HDT / 8;  // 16-byte chunks of a row
+    for (int idx = threadIdx.x; idx < BQ * kChunks; idx += NT) {
+      const int r = idx / kChunks, c = idx % kChunks;
+      const int pos = q0 + r;
+      if (pos >= a.S || c * 8 >= G * a.hd || (pos >= sh.len && a.seq_start)) continue;
+      const uint4 v = pos < sh.len ? *reinterpret_cast<const uint4*>(sQ + r * LD + c * 8) : make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(out + (sh.row0 + pos) * a.out_stride + sh.h * G * a.hd + c * 8) = v;
+    }
   } else {
     // Normalise, stage this warp's 16 rows as fp16 in its own rows of sQ, store 16-byte chunks.
-    float inv[2];
+    float inv[G][2];  // lacc[j][0] / [2]: whole row sums already (the mma summed over the quad)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    for (int j = 0; j < G; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) inv[j][r] = lacc[j][2 * r] > 0.f ? 1.f / lacc[j][2 * r] : 0.f;
     __half* stage_rows = sQ + warp * 16 * LD;
 #pragma unroll
-    for (int dt = 0; dt < NDT; ++dt) {
-      *reinterpret_cast<__half2*>(stage_rows + g * LD + dt * 8 + 2 * t) =
-          __floats2half2_rn(o[dt][0] * inv[0], o[dt][1] * inv[0]);
-      *reinterpret_cast<__half2*>(stage_rows + (g + 8) * LD + dt * 8 + 2 * t) =
-          __floats2half2_rn(o[dt][2] * inv[1], o[dt][3] * inv[1]);
+    for (int j = 0; j < G; ++j) {
+#pragma unroll
+      for (int dt = 0; dt < NDT; ++dt) {
+        *reinterpret_cast<__half2*>(stage_rows + g * LD + j * HD + dt * 8 + 2 * t) =
+            __floats2half2_rn(o[j][dt][0] * inv[j][0], o[j][dt][1] * inv[j][0]);
+        *reinterpret_cast<__half2*>(stage_rows + (g + 8) * LD + j * HD + dt * 8 + 2 * t) =
+            __floats2half2_rn(o[j][dt][2] * inv[j][1], o[j][dt][3] * inv[j][1]);
+      }
     }
     __syncwarp();
-    for (int idx = lane; idx < 16 * NDT; idx += 32) {
-      const int r = idx / NDT, c = idx % NDT;
+    constexpr int kChunks = HDT / 8;  // 16-byte chunks of a row
+    for (int idx = lane; idx < 16 * kChunks; idx += 32) {
+      const int r = idx / kChunks, c = idx % kChunks;
       const int pos = qw0 + r;
-      if (pos >= a.S || c * 8 >= a.hd || (pos >= sh.len && a.seq_start)) continue;
+      if (pos >= a.S || c * 8 >= G * a.hd || (pos >= sh.len && a.seq_start)) continue;
       const uint4 v = pos < sh.len ? *reinterpret_cast<const uint4*>(stage_rows + r * LD + c * 8) : make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(out + (sh.row0 + pos) * a.out_stride + sh.h * a.hd + c * 8) = v;
+      *reinterpret_cast<uint4*>(out + (sh.row0 + pos) * a.out_stride + sh.h * G * a.hd + c * 8) = v;
     }
   }
 }
@@ -503,7 +577,7 @@ __global__ void __launch_bounds__(kF32Threads) flash_f32_kernel(const FlashArgs 
   float* sV = sK + BK * LDK;      // [BK][HDP]
   float* sP = sV + BK * HDP;      // [BQ][LDP]
 
-  const SeqHead sh = seq_head(a);
+  const SeqHead sh = seq_head(a, a.H);
   const int q0 = (gridDim.y - 1 - blockIdx.y) * BQ;
   float* out = static_cast<float*>(a.out);
   const int tid = threadIdx.x;
@@ -671,6 +745,14 @@ void raise_limits_hd() {
 constexpr int kSplitHeadDims[] = {16, 32, 64};
 static_assert(f16_smem_bytes<64, 4>() <= 48 * 1024, "split instantiations need no opt-in");
 
+// The head-group instantiation (G heads per q64 CTA): head_dim exactly 8 with 4 heads, where one
+// head's rows are 16 bytes and a CTA's fixed work (set-up, the length / offset loads and their
+// latency, the pipeline, the stores) is large against its few key tiles. Measured on the H200
+// (thirty-fifth GPU run, tuner times per layer): hd 8 x 4 0.0697 vs 0.0776 ms (case 11); 2 heads
+// lost at hd 8 (0.082), 16 (case 5 0.039 vs 0.036) and 32 (case 6 0.352 vs 0.313), so they are not
+// built. Shared memory 25 KB.
+constexpr int kGroupHeadDim = 8, kGroupHeads = 4;
+
 // Raises the dynamic shared-memory limit of every instantiation once per process (the current
 // device at first use). Called from supports() too, so it normally runs before any capture.
 void ensure_smem_limits() {
@@ -698,6 +780,13 @@ void launch_f16_split(const AttentionParams& p, cudaStream_t stream) {
   const dim3 grid(p.B * p.H, (p.S + 63) / 64, KS);
   launch_pdl_cluster(flash_f16_kernel<HD, 4, KS>, grid, dim3(128), dim3(1, 1, KS), f16_smem_bytes<HD, 4>(), stream,
                      make_args(p));
+  HK_CUDA_CHECK_LAUNCH();
+}
+
+template <int HD, int G>
+void launch_f16_grouped(const AttentionParams& p, cudaStream_t stream) {
+  const dim3 grid(p.B * (p.H / G), (p.S + 63) / 64);
+  launch_pdl(flash_f16_kernel<HD, 4, 1, G>, grid, dim3(128), f16_smem_bytes<HD, 4, G>(), stream, make_args(p));
   HK_CUDA_CHECK_LAUNCH();
 }
 
@@ -848,6 +937,23 @@ const char* attention_flash_split_name(const AttentionParams& p, int splits) {
   const int i = bucket == 16 ? 0 : bucket == 32 ? 1 : bucket == 64 ? 2 : -1;
   if (i < 0) return "hk::attention[cuda.flash.split.unsupported]";
   return splits == 2 ? kK2[i] : kK4[i];
+}
+
+bool attention_flash_grouped_supports(const AttentionParams& p, int heads) {
+  return p.dtype == DType::f16 && heads == kGroupHeads && p.head_dim == kGroupHeadDim && p.H % heads == 0 &&
+         attention_flash_supports(p);
+}
+
+void attention_flash_grouped(const AttentionParams& p, cudaStream_t stream, int heads) {
+  if (!attention_flash_grouped_supports(p, heads))
+    throw std::invalid_argument("hk::attention[cuda.flash head groups]: unsupported parameters");
+  if (p.B == 0 || p.S == 0) return;
+  launch_f16_grouped<kGroupHeadDim, kGroupHeads>(p, stream);
+}
+
+const char* attention_flash_grouped_name(const AttentionParams& p, int heads) {
+  if (!attention_flash_grouped_supports(p, heads)) return "hk::attention[cuda.flash.groups.unsupported]";
+  return "hk::attention[cuda.flash.hd8.q64g4.f16]";
 }
 
 }  // namespace hk::cuda

@@ -40,4 +40,13 @@ bool attention_flash_split_supports(const AttentionParams& p, int splits);
 void attention_flash_split(const AttentionParams& p, cudaStream_t stream, int splits);
 const char* attention_flash_split_name(const AttentionParams& p, int splits);  // "...hd32.q64k2.f16]"
 
+// Head groups: `heads` adjacent heads of one sequence per q64 CTA, their columns side by side in
+// the shared tiles, each head with its own online softmax. For the smallest head dim, where one
+// head's rows are 16 bytes and a CTA's fixed work (set-up, length and offset loads, the K/V
+// pipeline, the stores) outweighs its few key tiles: one CTA does it for all its heads. Built for
+// f16, head_dim exactly 8 and 4 heads (H a multiple of 4); same output contract as above.
+bool attention_flash_grouped_supports(const AttentionParams& p, int heads);
+void attention_flash_grouped(const AttentionParams& p, cudaStream_t stream, int heads);
+const char* attention_flash_grouped_name(const AttentionParams& p, int heads);  // "...hd8.q64g4.f16]"
+
 }  // namespace hk::cuda

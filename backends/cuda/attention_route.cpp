@@ -34,6 +34,7 @@ bool flash_route_supports([[maybe_unused]] const AttentionParams& p, [[maybe_unu
 #if HK_CUDA_HAVE_FLASH
   if (tile == FlashTile::q64k2 || tile == FlashTile::q64k4)
     return attention_flash_split_supports(p, tile == FlashTile::q64k2 ? 2 : 4);
+  if (tile == FlashTile::q64g4) return attention_flash_grouped_supports(p, 4);
   return attention_flash_supports(p);
 #else
   return false;
@@ -43,6 +44,7 @@ bool flash_route_supports([[maybe_unused]] const AttentionParams& p, [[maybe_unu
 #if HK_CUDA_HAVE_FLASH
 namespace {
 int key_splits(FlashTile t) { return t == FlashTile::q64k2 ? 2 : t == FlashTile::q64k4 ? 4 : 1; }
+int head_group(FlashTile t) { return t == FlashTile::q64g4 ? 4 : 1; }
 FlashQueryTile query_tile(FlashTile t) {
   switch (t) {
     case FlashTile::q64: return FlashQueryTile::q64;
@@ -56,6 +58,7 @@ FlashQueryTile query_tile(FlashTile t) {
 std::string flash_route_name([[maybe_unused]] const AttentionParams& p, [[maybe_unused]] FlashTile tile) {
 #if HK_CUDA_HAVE_FLASH
   if (key_splits(tile) > 1) return attention_flash_split_name(p, key_splits(tile));
+  if (head_group(tile) > 1) return attention_flash_grouped_name(p, head_group(tile));
   return attention_flash_name(p, query_tile(tile));
 #else
   return "hk::attention[cuda.flash: not built]";
@@ -66,6 +69,7 @@ void flash_route_run([[maybe_unused]] const AttentionParams& p, [[maybe_unused]]
                      [[maybe_unused]] FlashTile tile) {
 #if HK_CUDA_HAVE_FLASH
   if (key_splits(tile) > 1) return attention_flash_split(p, stream, key_splits(tile));
+  if (head_group(tile) > 1) return attention_flash_grouped(p, stream, head_group(tile));
   attention_flash(p, stream, query_tile(tile));
 #else
   throw CudaError("the flash attention route is not part of this build");

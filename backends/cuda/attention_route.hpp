@@ -17,8 +17,9 @@ namespace hk::cuda {
 // The own flash kernel (the default route). Its f16 kernel has two query tiles; `automatic`
 // picks one by occupancy, the explicit ones are the measured alternatives (f32 ignores the tile).
 // q64k2 / q64k4: q64 tiles with the keys split over a cluster of 2 / 4 CTAs (f16, sm_90+, head
-// dims 16-64; flash_route_supports(p, tile) says where).
-enum class FlashTile { automatic, q64, q16, q64k2, q64k4 };
+// dims 16-64; flash_route_supports(p, tile) says where). q64g4: q64 tiles of 4 heads per CTA (f16,
+// head_dim exactly 8, H a multiple of 4).
+enum class FlashTile { automatic, q64, q16, q64k2, q64k4, q64g4 };
 bool flash_route_compiled();
 bool flash_route_supports(const AttentionParams& p);
 bool flash_route_supports(const AttentionParams& p, FlashTile tile);

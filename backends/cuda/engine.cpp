@@ -211,8 +211,8 @@ Routes routes_from_environment() {
   Routes r;
   const std::string gelu = knob_choice("HK_GELU", {"auto", "erf", "epilogue"});
   const std::string attention =
-      knob_choice("HK_ATTENTION", {"auto", "flash", "flash.q64", "flash.q16", "flash.k2", "flash.k4", "cudnn",
-                                   "materialized"});
+      knob_choice("HK_ATTENTION", {"auto", "flash", "flash.q64", "flash.q16", "flash.k2", "flash.k4", "flash.g4",
+                                   "cudnn", "materialized"});
   const std::string graph = knob_choice("HK_GRAPH", {"auto", "0", "1"});
   r.gelu_epilogue = gelu == "epilogue";
   r.prefer_cudnn = attention == "cudnn";
@@ -224,7 +224,7 @@ Routes routes_from_environment() {
   if (r.tune) r.tune_cache_dir = tune::TuneCache::default_directory();
   if (gelu == "erf") r.pins["gelu"] = "erf";
   if (attention == "flash" || attention == "flash.q64" || attention == "flash.q16" || attention == "flash.k2" ||
-      attention == "flash.k4" || attention == "materialized")
+      attention == "flash.k4" || attention == "flash.g4" || attention == "materialized")
     r.pins["attention"] = attention;
   if (graph == "1") r.pins["graph"] = "1";
   const std::string layout = knob_choice("HK_GEMM_LAYOUT", {"auto", "nk", "kn"});
@@ -987,6 +987,7 @@ void CudaEngine::Impl::build_table(Plan& p) {
   const int64_t q64_ctas = int64_t(p.attn.B) * p.attn.H * ((p.attn.S + 63) / 64);
   const bool split_worth = p.attn.S >= 256 && q64_ctas <= 8 * int64_t(sm_count);
   const auto split_tile = [](const std::string& id) { return id == "flash.k2" ? FlashTile::q64k2 : FlashTile::q64k4; };
+  // Head groups (4 heads of head_dim 8 per CTA): a candidate wherever the shape has them.
   auto cudnn = [&] {
     add(single_step_kernel<Ctx>(p.cudnn->name(), StepKind::attention,
                                 [P](Ctx& c, const Step&) {
@@ -1016,12 +1017,15 @@ void CudaEngine::Impl::build_table(Plan& p) {
   } else if ((pin_attention == "flash.k2" || pin_attention == "flash.k4") &&
              flash_route_supports(p.attn, split_tile(pin_attention))) {
     flash(split_tile(pin_attention), pin_attention);
+  } else if (pin_attention == "flash.g4" && flash_route_supports(p.attn, FlashTile::q64g4)) {
+    flash(FlashTile::q64g4, pin_attention);
   } else {
     flash(FlashTile::automatic, "flash");
     if (pin_attention.empty() && routes.tune) {
       if (f16_tiles) flash(auto_is_q64 ? FlashTile::q16 : FlashTile::q64, auto_is_q64 ? "flash.q16" : "flash.q64");
       for (const char* id : {"flash.k2", "flash.k4"})
         if (split_worth && flash_route_supports(p.attn, split_tile(id))) flash(split_tile(id), id);
+      if (flash_route_supports(p.attn, FlashTile::q64g4)) flash(FlashTile::q64g4, "flash.g4");
       if (p.cudnn) cudnn();
       if (p.materialized) materialized();
     }
@@ -1030,6 +1034,8 @@ void CudaEngine::Impl::build_table(Plan& p) {
     p.attention_note = "HK_ATTENTION: query tiles exist for the f16 kernel only";
   if ((pin_attention == "flash.k2" || pin_attention == "flash.k4") && !flash_route_supports(p.attn, split_tile(pin_attention)))
     p.attention_note = "HK_ATTENTION: key splits need the f16 kernel, head_dim 16-64 and thread-block clusters (sm_90+)";
+  if (pin_attention == "flash.g4" && !flash_route_supports(p.attn, FlashTile::q64g4))
+    p.attention_note = "HK_ATTENTION: head groups need the f16 kernel, head_dim 8 and H a multiple of 4";
 
   // Own kernels only: the post-attention steps have the fused chain alone (below), no cuBLASLt GEMM.
   if (!own_only)
@@ -2567,7 +2573,8 @@ std::string CudaEngine::Impl::explain_plan(const Plan& p, int B) const {
                          : "exact erf pass" + (p.gelu_note.empty() ? std::string() : " (" + p.gelu_note + ")"))
     << (chain_tanh ? "; tanh form inside the fused post-attention chain (measured)" : "") << "\n";
   std::string att = "flash";
-  for (const char* id : {"flash.q64", "flash.q16", "flash.k2", "flash.k4", "cudnn", "materialized", "qkv_attention"})
+  for (const char* id : {"flash.q64", "flash.q16", "flash.k2", "flash.k4", "flash.g4", "cudnn", "materialized",
+                         "qkv_attention"})
     if (uses(id)) att = id;
   o << "attention: " << att << (att == "cudnn" && p.cudnn ? " (" + p.cudnn->plan_info(p.attn) + ")" : "")
     << (p.attention_note.empty() ? "" : " (" + p.attention_note + ")")

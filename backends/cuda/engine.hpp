@@ -17,7 +17,7 @@
 // Environment knobs, read when the engine is made (docs/KNOBS.md lists them all):
 //   HK_TUNE=1|0            measured dispatch (routes_from_environment: on unless 0)
 //   HK_TUNE_CACHE=DIR|off, HK_TUNE_REMEASURE=1, HK_TUNE_VERBOSE=1
-//   HK_ATTENTION=auto|flash|flash.q64|flash.q16|flash.k2|flash.k4|cudnn|materialized   pins the attention route
+//   HK_ATTENTION=auto|flash|flash.q64|flash.q16|flash.k2|flash.k4|flash.g4|cudnn|materialized   pins the attention route
 //   HK_GELU=auto|erf|epilogue   pins ffn_in's GELU (epilogue: cuBLASLt's tanh form, fast only)
 //   HK_GEMM_LAYOUT=auto|nk|kn, HK_GEMM_ALGO=auto|0..7   pin GEMM layout / algorithm
 //   HK_QKV_GEMM=auto|cublaslt|mma   the QKV projection's GEMM: cuBLASLt or the own mma kernel

@@ -5,7 +5,7 @@
 #   tune0        HK_TUNE=0: every decision at its default
 #   tune1        HK_TUNE=1 with no cache: every candidate of every decision is measured, so each
 #                one runs under the tool (its timings mean nothing there)
-#   flash, flash.q16, flash.q64, flash.k2, flash.k4, cudnn   HK_ATTENTION pinned (HK_TUNE=0)
+#   flash, flash.q16, flash.q64, flash.k2, flash.k4, flash.g4, cudnn   HK_ATTENTION pinned (HK_TUNE=0)
 #   epilogue     HK_GELU=epilogue (HK_TUNE=0)
 #   chains-off   HK_CHAINS=off with HK_TUNE=1: the tuned plan of single-step kernels
 #   post_attn_qkv, post_attn_qkv-pack1   HK_CHAINS=post_attn_qkv (HK_TUNE=0), dense and HK_PACK=1 (D = F = 128 input)
@@ -120,6 +120,7 @@ route_env[flash.q16]="HK_TUNE=0 HK_ATTENTION=flash.q16";           route_opt[fla
 route_env[flash.q64]="HK_TUNE=0 HK_ATTENTION=flash.q64";           route_opt[flash.q64]="--precision fast"
 route_env[flash.k2]="HK_TUNE=0 HK_ATTENTION=flash.k2";             route_opt[flash.k2]="--precision fast"
 route_env[flash.k4]="HK_TUNE=0 HK_ATTENTION=flash.k4";             route_opt[flash.k4]="--precision fast"
+route_env[flash.g4]="HK_TUNE=0 HK_ATTENTION=flash.g4";             route_opt[flash.g4]="--precision fast"
 route_env[cudnn]="HK_TUNE=0 HK_ATTENTION=cudnn";                   route_opt[cudnn]="--precision fast"
 route_env[epilogue]="HK_TUNE=0 HK_GELU=epilogue";                  route_opt[epilogue]="--precision fast"
 route_env[chains-off]="HK_TUNE=1 HK_TUNE_CACHE=off HK_TUNE_VERBOSE=1 HK_CHAINS=off"
@@ -171,6 +172,8 @@ for tool in memcheck racecheck synccheck initcheck; do
   add $tool flash.k2 long
   add $tool flash.k4 long
 done
+# The head-group route on a shape it takes (head_dim 8, 8 heads: two groups per sequence).
+for tool in memcheck racecheck synccheck initcheck; do add $tool flash.g4 small; done
 # The QKV chain's persistent loop (pinned: its default configuration; tune1: every candidate).
 add memcheck post_attn_qkv split-big
 add memcheck tune1 split-big

@@ -65,6 +65,7 @@ struct Case {
   Lens lens = Lens::random;
   FlashQueryTile tile = FlashQueryTile::automatic;
   int splits = 0;     // 2 / 4: keys split over a cluster (attention_flash_split); 0: attention_flash
+  int groups = 0;     // 4: heads per CTA (attention_flash_grouped)
   int qkv_pad = 0;    // extra elements per qkv row
   int out_pad = 0;    // extra elements per out row
   float q_amp = 1.f;  // > 1 gives peaked softmax rows (exercises the running-max rescale)
@@ -305,13 +306,18 @@ Outcome run_case(const Case& c, std::mt19937_64& rng, std::string& name) {
   p.scale = float(1.0 / std::sqrt(double(c.hd)));
   p.causal = c.causal;
   p.dtype = c.dtype;
-  name = c.splits ? hk::cuda::attention_flash_split_name(p, c.splits) : hk::cuda::attention_flash_name(p, c.tile);
-  if (c.splits ? !hk::cuda::attention_flash_split_supports(p, c.splits) : !hk::cuda::attention_flash_supports(p)) {
+  name = c.splits   ? hk::cuda::attention_flash_split_name(p, c.splits)
+         : c.groups ? hk::cuda::attention_flash_grouped_name(p, c.groups)
+                    : hk::cuda::attention_flash_name(p, c.tile);
+  if (c.splits   ? !hk::cuda::attention_flash_split_supports(p, c.splits)
+      : c.groups ? !hk::cuda::attention_flash_grouped_supports(p, c.groups)
+                 : !hk::cuda::attention_flash_supports(p)) {
     r.error = "supports() = false";
     return r;
   }
   const auto launch = [&] {
     if (c.splits) hk::cuda::attention_flash_split(p, stream_of_case, c.splits);
+    else if (c.groups) hk::cuda::attention_flash_grouped(p, stream_of_case, c.groups);
     else hk::cuda::attention_flash(p, stream_of_case, c.tile);
   };
 
@@ -358,6 +364,7 @@ Outcome run_case(const Case& c, std::mt19937_64& rng, std::string& name) {
 
 const char* tile_name(const Case& c) {
   if (c.splits) return c.splits == 2 ? "k2" : "k4";
+  if (c.groups) return "g4";
   return c.tile == FlashQueryTile::q64 ? "q64" : c.tile == FlashQueryTile::q16 ? "q16" : "auto";
 }
 
@@ -469,6 +476,35 @@ std::vector<Case> make_cases(bool split_cases) {
         c.note = "keys split, case 10 shape";
         cases.push_back(c);
       }
+  // Head groups (4 heads of head_dim 8 per CTA): H = 4, 8 and 12 (one and several groups per
+  // sequence), S across one and several key tiles and the causal diagonal (1 .. 300), packed and
+  // dense, the length cycle (0, 1, S, random, null), padded strides, peaked rows; then the
+  // cases.csv shapes that have them (7 and 11 at reduced B, causal) and a bidirectional one.
+  for (int S : {1, 7, 33, 64, 65, 130, 300})
+    for (int causal = 0; causal < 2; ++causal)
+      for (int packed = 0; packed < 2; ++packed, ++k) {
+        Case c = sweep_case(DType::f16, 8, S, causal, packed, 8, 16, 4.f);
+        c.groups = 4;
+        c.H = 4 * (1 + k % 3);
+        c.note = "head groups";
+        cases.push_back(c);
+      }
+  for (const Shape& s : {Shape{16, 128, 16, 8, true}, Shape{64, 128, 16, 8, true}, Shape{4, 256, 8, 8, false}})
+    for (int packed = 0; packed < 2; ++packed) {
+      Case c;
+      c.dtype = DType::f16;
+      c.groups = 4;
+      c.B = s.B;
+      c.S = s.S;
+      c.H = s.H;
+      c.hd = s.hd;
+      c.causal = s.causal;
+      c.packed = packed;
+      c.lens = Lens::random;
+      c.q_amp = 2.f;
+      c.note = "head groups, cases.csv shape";
+      cases.push_back(c);
+    }
   // CUDA-graph capture and replay.
   for (DType dt : {DType::f16, DType::f32}) {
     Case c;
@@ -481,6 +517,20 @@ std::vector<Case> make_cases(bool split_cases) {
     c.lens = Lens::edge;
     c.graph = true;  // dense: the in-place rewrite keeps the buffer sizes
     c.note = "graph capture + replay with new data";
+    cases.push_back(c);
+  }
+  {
+    Case c;
+    c.dtype = DType::f16;
+    c.groups = 4;
+    c.B = 3;
+    c.S = 130;
+    c.H = 8;
+    c.hd = 8;
+    c.causal = true;
+    c.lens = Lens::edge;
+    c.graph = true;
+    c.note = "head groups: graph capture + replay with new data";
     cases.push_back(c);
   }
   if (split_cases) {
@@ -552,6 +602,37 @@ int check_supports(int& failures) {
       std::printf("%4s  split_supports(%s) = %s  %s\n", "api", q.what, got ? "true" : "false", ok ? "PASS" : "FAIL");
       ++n;
     }
+  }
+  // Head groups: 4 heads, f16, head_dim exactly 8, H a multiple of 4.
+  {
+    struct GroupProbe { DType dt; int H, hd, groups; bool expect; const char* what; };
+    const GroupProbe gp[] = {{DType::f16, 4, 8, 4, true, "groups f16 H4 hd8 g4"},
+                             {DType::f16, 8, 8, 4, true, "groups f16 H8 hd8 g4"},
+                             {DType::f16, 2, 8, 2, false, "groups hd8 g2 (not built)"},
+                             {DType::f16, 4, 32, 2, false, "groups hd32 g2 (not built)"},
+                             {DType::f16, 4, 16, 4, false, "groups hd16 g4 (not built)"},
+                             {DType::f16, 4, 32, 4, false, "groups hd32 g4"},
+                             {DType::f16, 6, 8, 4, false, "groups H6 g4 (H not a multiple)"},
+                             {DType::f16, 2, 24, 2, false, "groups hd24 (not an instantiation)"},
+                             {DType::f16, 2, 64, 2, false, "groups hd64"},
+                             {DType::f16, 4, 8, 3, false, "groups g3"},
+                             {DType::f16, 4, 8, 1, false, "groups g1"},
+                             {DType::f32, 4, 8, 2, false, "groups f32"}};
+    const int H0 = p.H;
+    for (const GroupProbe& q : gp) {
+      p.dtype = q.dt;
+      p.H = q.H;
+      p.head_dim = q.hd;
+      p.qkv_row_stride = 3 * p.H * q.hd;
+      p.out_row_stride = p.H * q.hd;
+      p.scale = 1.f;
+      const bool got = hk::cuda::attention_flash_grouped_supports(p, q.groups);
+      const bool ok = got == q.expect;
+      failures += !ok;
+      std::printf("%4s  grouped_supports(%s) = %s  %s\n", "api", q.what, got ? "true" : "false", ok ? "PASS" : "FAIL");
+      ++n;
+    }
+    p.H = H0;
   }
   // B = 0 and S = 0 are no-ops that launch nothing.
   p.dtype = DType::f16;

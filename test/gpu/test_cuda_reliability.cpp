@@ -1,7 +1,7 @@
 // GPU reliability of the CUDA engine, built the way hk_forward builds it (the HK_* knobs read by
 // routes_from_environment), for fast and fp32 precision, untuned (HK_TUNE=0) and tuned (HK_TUNE=1
 // with a temporary tune cache), and every pinnable route (HK_ATTENTION flash / flash.q64 /
-// flash.q16 / flash.k2 / flash.k4 / cudnn, HK_GELU erf / epilogue, HK_CHAINS=off / post_attn_qkv / attention_chain / attention_model, HK_GRAPH 0 / 1, HK_PACK=1):
+// flash.q16 / flash.k2 / flash.k4 / flash.g4 / cudnn, HK_GELU erf / epilogue, HK_CHAINS=off / post_attn_qkv / attention_chain / attention_model, HK_GRAPH 0 / 1, HK_PACK=1):
 //   determinism  the same input gives the same bits run to run within one engine (the five inputs
 //                below interleaved, so no state leaks from one call into the next), and in a
 //                second engine built the same way (tuned: it reads the first one's cache and
@@ -150,6 +150,7 @@ const Route kRoutes[] = {
     {"default", nullptr, nullptr},          {"attention=flash", "HK_ATTENTION", "flash"},
     {"attention=flash.q64", "HK_ATTENTION", "flash.q64"}, {"attention=flash.q16", "HK_ATTENTION", "flash.q16"},
     {"attention=flash.k2", "HK_ATTENTION", "flash.k2"}, {"attention=flash.k4", "HK_ATTENTION", "flash.k4"},
+    {"attention=flash.g4", "HK_ATTENTION", "flash.g4"},
     {"attention=cudnn", "HK_ATTENTION", "cudnn"}, {"gelu=erf", "HK_GELU", "erf"},
     {"gelu=epilogue", "HK_GELU", "epilogue"}, {"chains=off", "HK_CHAINS", "off"},
     {"chains=post_attn_qkv", "HK_CHAINS", "post_attn_qkv"},

@@ -20,9 +20,10 @@ const std::vector<Knob>& knobs() {
       {"HK_TUNE_VERBOSE", "0|1", "0", "tuning",
        "1: one line per decision on stderr (candidates, times, winner, where the answer came from). Rejections "
        "by the numeric guard are always reported."},
-      {"HK_ATTENTION", "auto|flash|flash.q64|flash.q16|flash.k2|flash.k4|cudnn|materialized", "auto", "cuda",
+      {"HK_ATTENTION", "auto|flash|flash.q64|flash.q16|flash.k2|flash.k4|flash.g4|cudnn|materialized", "auto", "cuda",
        "Attention route. auto: measured (untuned: the own flash kernel, query tile chosen by occupancy). "
        "flash.k2 / flash.k4: keys split over a cluster of 2 / 4 CTAs (f16, head_dim 16-64, sm_90+). "
+       "flash.g4: 4 heads per CTA (f16, head_dim 8, H a multiple of 4). "
        "materialized: scores in memory (cuBLASLt batched GEMMs + a softmax kernel), a candidate only while "
        "the fp32 scores take at most 128 MiB. A pinned route the shape does not support falls back to flash "
        "(explain says why)."},
