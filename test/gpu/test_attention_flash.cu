@@ -505,48 +505,28 @@ std::vector<Case> make_cases(bool split_cases) {
       c.note = "head groups, cases.csv shape";
       cases.push_back(c);
     }
-  // CUDA-graph capture and replay.
-  for (DType dt : {DType::f16, DType::f32}) {
+  // CUDA-graph capture and replay with new data (dense, causal, lengths 0 / 1 / S: the in-place
+  // rewrite keeps the buffer sizes): the plain kernels, head groups, keys split.
+  const auto graph_case = [](DType dt, int S, int H, int hd, int groups, int splits, const char* note) {
     Case c;
     c.dtype = dt;
     c.B = 3;
-    c.S = 130;
-    c.H = 2;
-    c.hd = 64;
-    c.causal = true;
-    c.lens = Lens::edge;
-    c.graph = true;  // dense: the in-place rewrite keeps the buffer sizes
-    c.note = "graph capture + replay with new data";
-    cases.push_back(c);
-  }
-  {
-    Case c;
-    c.dtype = DType::f16;
-    c.groups = 4;
-    c.B = 3;
-    c.S = 130;
-    c.H = 8;
-    c.hd = 8;
+    c.S = S;
+    c.H = H;
+    c.hd = hd;
+    c.groups = groups;
+    c.splits = splits;
     c.causal = true;
     c.lens = Lens::edge;
     c.graph = true;
-    c.note = "head groups: graph capture + replay with new data";
-    cases.push_back(c);
-  }
-  if (split_cases) {
-    Case c;
-    c.dtype = DType::f16;
-    c.splits = 4;
-    c.B = 3;
-    c.S = 300;
-    c.H = 2;
-    c.hd = 32;
-    c.causal = true;
-    c.lens = Lens::edge;
-    c.graph = true;
-    c.note = "keys split: graph capture + replay with new data";
-    cases.push_back(c);
-  }
+    c.note = note;
+    return c;
+  };
+  for (DType dt : {DType::f16, DType::f32})
+    cases.push_back(graph_case(dt, 130, 2, 64, 0, 0, "graph capture + replay with new data"));
+  cases.push_back(graph_case(DType::f16, 130, 8, 8, 4, 0, "head groups: graph capture + replay with new data"));
+  if (split_cases)
+    cases.push_back(graph_case(DType::f16, 300, 2, 32, 0, 4, "keys split: graph capture + replay with new data"));
   return cases;
 }
 
