@@ -318,10 +318,10 @@ __global__ void __launch_bounds__(NW * 32, (f16_min_blocks<HD, NW, KS, G>())) fl
   const uint32_t v_lane = HD == 8 ? (lane & 15) * LD * 2 : (((lane & 7) + (((lane >> 3) & 1) << 3)) * LD + (lane >> 4) * 8) * 2;
 
   constexpr int kQFrags = HD == 8 ? 1 : (kQRegs ? HD / 16 : 1);
-  // Per head of the CTA (G = 1: its one head): Q fragments, O, running row max (raw score units,
-  // rows g and g + 8) and running row sums as an mma accumulator (ptx.cuh kHalf2Ones: [0] / [2]
-  // hold the whole sum of rows g / g + 8, [1] and [3] are never read; instead of one add per
-  // probability on the issue-bound path).
+  // Per unit of this warp (G = 1: its 16 rows; G > 1: the tile's 16-row units of its head): Q
+  // fragments, O, running row max (raw score units, rows g and g + 8) and running row sums as an
+  // mma accumulator (ptx.cuh kHalf2Ones: [0] / [2] hold the whole sum of rows g / g + 8, [1] and [3]
+  // are never read; instead of one add per probability on the issue-bound path).
   uint32_t qf[G][kQFrags][4];
   float o[G][NDT][4];
   float m[G][2];
@@ -535,30 +535,25 @@ __global__ void __launch_bounds__(NW * 32, (f16_min_blocks<HD, NW, KS, G>())) fl
     }
   } else {
     // Normalise, stage this warp's 16 rows as fp16 in its own rows of sQ, store 16-byte chunks.
-    float inv[G][2];  // lacc[j][0] / [2]: whole row sums already (the mma summed over the quad)
+    const float l[2] = {lacc[0][0], lacc[0][2]};  // whole row sums already (the mma summed over the quad)
+    float inv[2];
 #pragma unroll
-    for (int j = 0; j < G; ++j)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) inv[j][r] = lacc[j][2 * r] > 0.f ? 1.f / lacc[j][2 * r] : 0.f;
+    for (int r = 0; r < 2; ++r) inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
     __half* stage_rows = sQ + warp * 16 * LD;
 #pragma unroll
-    for (int j = 0; j < G; ++j) {
-#pragma unroll
-      for (int dt = 0; dt < NDT; ++dt) {
-        *reinterpret_cast<__half2*>(stage_rows + g * LD + j * HD + dt * 8 + 2 * t) =
-            __floats2half2_rn(o[j][dt][0] * inv[j][0], o[j][dt][1] * inv[j][0]);
-        *reinterpret_cast<__half2*>(stage_rows + (g + 8) * LD + j * HD + dt * 8 + 2 * t) =
-            __floats2half2_rn(o[j][dt][2] * inv[j][1], o[j][dt][3] * inv[j][1]);
-      }
+    for (int dt = 0; dt < NDT; ++dt) {
+      *reinterpret_cast<__half2*>(stage_rows + g * LD + dt * 8 + 2 * t) =
+          __floats2half2_rn(o[0][dt][0] * inv[0], o[0][dt][1] * inv[0]);
+      *reinterpret_cast<__half2*>(stage_rows + (g + 8) * LD + dt * 8 + 2 * t) =
+          __floats2half2_rn(o[0][dt][2] * inv[1], o[0][dt][3] * inv[1]);
     }
     __syncwarp();
-    constexpr int kChunks = HDT / 8;  // 16-byte chunks of a row
-    for (int idx = lane; idx < 16 * kChunks; idx += 32) {
-      const int r = idx / kChunks, c = idx % kChunks;
+    for (int idx = lane; idx < 16 * NDT; idx += 32) {
+      const int r = idx / NDT, c = idx % NDT;
       const int pos = qw0 + r;
-      if (pos >= a.S || c * 8 >= G * a.hd || (pos >= sh.len && a.seq_start)) continue;
+      if (pos >= a.S || c * 8 >= a.hd || (pos >= sh.len && a.seq_start)) continue;
       const uint4 v = pos < sh.len ? *reinterpret_cast<const uint4*>(stage_rows + r * LD + c * 8) : make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(out + (sh.row0 + pos) * a.out_stride + sh.h * G * a.hd + c * 8) = v;
+      *reinterpret_cast<uint4*>(out + (sh.row0 + pos) * a.out_stride + sh.h * a.hd + c * 8) = v;
     }
   }
 }
