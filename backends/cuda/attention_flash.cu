@@ -743,9 +743,9 @@ static_assert(f16_smem_bytes<64, 4>() <= 48 * 1024, "split instantiations need n
 // The head-group instantiation (G heads per q64 CTA): head_dim exactly 8 with 4 heads, where one
 // head's rows are 16 bytes and a CTA's fixed work (set-up, the length / offset loads and their
 // latency, the pipeline, the stores) is large against its few key tiles. Measured on the H200
-// (thirty-fifth GPU run, tuner times per layer): hd 8 x 4 0.0697 vs 0.0776 ms (case 11); 2 heads
-// lost at hd 8 (0.082), 16 (case 5 0.039 vs 0.036) and 32 (case 6 0.352 vs 0.313), so they are not
-// built. Shared memory 25 KB.
+// (thirty-fifth GPU run, tuner times per layer): 0.0604 vs 0.0776 ms for the hd 8 kernel (case 11);
+// 2 heads per CTA (the earlier row-loop form) lost at hd 8 (0.082), 16 (case 5 0.039 vs 0.036) and
+// 32 (case 6 0.352 vs 0.313), so they are not built. Shared memory 25 KB.
 constexpr int kGroupHeadDim = 8, kGroupHeads = 4;
 
 // Raises the dynamic shared-memory limit of every instantiation once per process (the current
