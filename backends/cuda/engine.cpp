@@ -987,7 +987,6 @@ void CudaEngine::Impl::build_table(Plan& p) {
   const int64_t q64_ctas = int64_t(p.attn.B) * p.attn.H * ((p.attn.S + 63) / 64);
   const bool split_worth = p.attn.S >= 256 && q64_ctas <= 8 * int64_t(sm_count);
   const auto split_tile = [](const std::string& id) { return id == "flash.k2" ? FlashTile::q64k2 : FlashTile::q64k4; };
-  // Head groups (4 heads of head_dim 8 per CTA): a candidate wherever the shape has them.
   auto cudnn = [&] {
     add(single_step_kernel<Ctx>(p.cudnn->name(), StepKind::attention,
                                 [P](Ctx& c, const Step&) {
@@ -1025,6 +1024,7 @@ void CudaEngine::Impl::build_table(Plan& p) {
       if (f16_tiles) flash(auto_is_q64 ? FlashTile::q16 : FlashTile::q64, auto_is_q64 ? "flash.q16" : "flash.q64");
       for (const char* id : {"flash.k2", "flash.k4"})
         if (split_worth && flash_route_supports(p.attn, split_tile(id))) flash(split_tile(id), id);
+      // Head groups (4 heads of head_dim 8 per CTA): a candidate wherever the shape has them.
       if (flash_route_supports(p.attn, FlashTile::q64g4)) flash(FlashTile::q64g4, "flash.g4");
       if (p.cudnn) cudnn();
       if (p.materialized) materialized();
