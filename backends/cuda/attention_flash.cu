@@ -372,9 +372,9 @@ __global__ void __launch_bounds__(NW * 32, (f16_min_blocks<HD, NW, KS, G>())) fl
       if (active) {
         const uint32_t k_tile = smem_u32(sK + stage * BK * LD) + k_lane;
         const uint32_t v_tile = smem_u32(sV + stage * BK * LD) + v_lane;
-        // Keys of this tile any row of the warp can see (>= 1 here): up to the length and, under
-        // causal, up to the warp's last row. Where they fit in the first half of the tile (the
-        // diagonal tiles of the first two warps, the last tile of a short length) only that half is
+        // Keys of this tile any row of the unit can see (>= 1 here): up to the length and, under
+        // causal, up to the unit's last row. Where they fit in the first half of the tile (the
+        // diagonal tiles of the first two units, the last tile of a short length) only that half is
         // computed (NP = BK / 32 16-key groups; the rest would be masked to zero weight), else all
         // of it (NP = BK / 16). Two straight-line copies of the step: a runtime bound inside the
         // unrolled loops splits them into branches and costs more than it saves.
