@@ -539,24 +539,31 @@ int check_supports(int& failures) {
   p.B = 1;
   p.S = 4;
   p.H = 2;
+  int n = 0;
+  // p as (dtype, H, head_dim) with dense q | k | v rows (plus qkv_pad elements per row).
+  const auto shape = [&](DType dt, int H, int hd, int64_t qkv_pad) {
+    p.dtype = dt;
+    p.H = H;
+    p.head_dim = hd;
+    p.qkv_row_stride = 3 * int64_t(H) * hd + qkv_pad;
+    p.out_row_stride = int64_t(H) * hd;
+    p.scale = 1.f;
+  };
+  const auto report = [&](const char* fn, const char* what, bool got, bool expect) {
+    const bool ok = got == expect;
+    failures += !ok;
+    std::printf("%4s  %s(%s) = %s  %s\n", "api", fn, what, got ? "true" : "false", ok ? "PASS" : "FAIL");
+    ++n;
+  };
   struct Probe { DType dt; int hd; int64_t qkv_pad; bool expect; const char* what; };
   const Probe probes[] = {
       {DType::f16, 64, 0, true, "f16 hd64"},           {DType::f16, 12, 0, false, "f16 hd12 (not %8)"},
       {DType::f16, 264, 0, false, "f16 hd264 (>256)"},  {DType::f16, 64, 4, false, "f16 row stride %8 != 0"},
       {DType::f32, 5, 0, true, "f32 hd5"},              {DType::f32, 256, 0, true, "f32 hd256"},
       {DType::f32, 257, 0, false, "f32 hd257 (>256)"}};
-  int n = 0;
   for (const Probe& pr : probes) {
-    p.dtype = pr.dt;
-    p.head_dim = pr.hd;
-    p.qkv_row_stride = 3 * p.H * pr.hd + pr.qkv_pad;
-    p.out_row_stride = p.H * pr.hd;
-    p.scale = 1.f;
-    const bool got = hk::cuda::attention_flash_supports(p);
-    const bool ok = got == pr.expect;
-    failures += !ok;
-    std::printf("%4s  supports(%s) = %s  %s\n", "api", pr.what, got ? "true" : "false", ok ? "PASS" : "FAIL");
-    ++n;
+    shape(pr.dt, 2, pr.hd, pr.qkv_pad);
+    report("supports", pr.what, hk::cuda::attention_flash_supports(p), pr.expect);
   }
   // Key splits: only 2 / 4, f16, head_dim buckets 16-64, and only where clusters exist.
   {
@@ -571,16 +578,8 @@ int check_supports(int& failures) {
                              {DType::f16, 128, 2, false, "split hd128"},
                              {DType::f32, 32, 2, false, "split f32"}};
     for (const SplitProbe& q : sp) {
-      p.dtype = q.dt;
-      p.head_dim = q.hd;
-      p.qkv_row_stride = 3 * p.H * q.hd;
-      p.out_row_stride = p.H * q.hd;
-      p.scale = 1.f;
-      const bool got = hk::cuda::attention_flash_split_supports(p, q.splits);
-      const bool ok = got == q.expect;
-      failures += !ok;
-      std::printf("%4s  split_supports(%s) = %s  %s\n", "api", q.what, got ? "true" : "false", ok ? "PASS" : "FAIL");
-      ++n;
+      shape(q.dt, 2, q.hd, 0);
+      report("split_supports", q.what, hk::cuda::attention_flash_split_supports(p, q.splits), q.expect);
     }
   }
   // Head groups: 4 heads, f16, head_dim exactly 8, H a multiple of 4.
@@ -597,28 +596,14 @@ int check_supports(int& failures) {
                              {DType::f16, 2, 64, 2, false, "groups hd64"},
                              {DType::f16, 4, 8, 3, false, "groups g3"},
                              {DType::f16, 4, 8, 1, false, "groups g1"},
-                             {DType::f32, 4, 8, 2, false, "groups f32"}};
-    const int H0 = p.H;
+                             {DType::f32, 4, 8, 4, false, "groups f32 H4 hd8 g4"}};
     for (const GroupProbe& q : gp) {
-      p.dtype = q.dt;
-      p.H = q.H;
-      p.head_dim = q.hd;
-      p.qkv_row_stride = 3 * p.H * q.hd;
-      p.out_row_stride = p.H * q.hd;
-      p.scale = 1.f;
-      const bool got = hk::cuda::attention_flash_grouped_supports(p, q.groups);
-      const bool ok = got == q.expect;
-      failures += !ok;
-      std::printf("%4s  grouped_supports(%s) = %s  %s\n", "api", q.what, got ? "true" : "false", ok ? "PASS" : "FAIL");
-      ++n;
+      shape(q.dt, q.H, q.hd, 0);
+      report("grouped_supports", q.what, hk::cuda::attention_flash_grouped_supports(p, q.groups), q.expect);
     }
-    p.H = H0;
   }
   // B = 0 and S = 0 are no-ops that launch nothing.
-  p.dtype = DType::f16;
-  p.head_dim = 64;
-  p.qkv_row_stride = 3 * p.H * 64;
-  p.out_row_stride = p.H * 64;
+  shape(DType::f16, 2, 64, 0);
   p.B = 0;
   bool ok = true;
   try {
