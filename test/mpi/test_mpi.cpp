@@ -118,8 +118,7 @@ TEST_P(RanksEqualOneProcess, BitForBit) {
     std::filesystem::remove(dir.path("one.h5"));
     std::filesystem::remove(dir.path("many.h5"));
   }
-  auto entries = dir.entries();
-  EXPECT_EQ(entries, std::vector<std::string>{"in.h5"}) << "temporary files left behind";
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"in.h5"}) << "temporary files left behind";
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -325,8 +324,7 @@ TEST_F(MpiOnly, KilledMidRunThenRestartedGivesTheSameOutput) {
   EXPECT_FALSE(killed.err_lines_starting("hk_forward: error: interrupted; no output written").empty()) << killed.err;
   EXPECT_FALSE(std::filesystem::exists(dir.path("y.h5"))) << "a file appeared under the final name: " << killed.status
                                                           << " " << killed.err;
-  auto entries = dir.entries();
-  EXPECT_EQ(entries, std::vector<std::string>{"in.h5"}) << "temporary files left behind";
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"in.h5"}) << "temporary files left behind";
 
   const ProcResult again = forward(2, dir, [&] {
     std::vector<std::string> b = args;

@@ -164,7 +164,7 @@ TEST(Faults, FileSizeLimitDuringWrite) {
 // remove it) but it never carries the final name.
 TEST(Faults, KillNineDuringWrite) {
   ScratchDir dir;
-  // About 1.5 s of work here (one process, 2 cores): the kill, 50 ms into the write, lands well
+  // About 1.1 s of work here (one process, 2 cores): the kill, 50 ms into the write, lands well
   // before the end even on a loaded machine.
   write_case(dir.path("in.h5"), 6000, 48);
   const std::string out = dir.path("y.h5"), previous = "previous output, must stay";
