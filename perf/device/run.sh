@@ -242,10 +242,13 @@ if want ab; then
   # HK_AB_ROUNDS=N: N rounds, the order of the values reversed every other round.
   # HK_AB_SHARED_CACHE=1: one tune cache per case for every value (the first run tunes, the others
   # take its decisions), for a knob whose own decision the value pins: everything else stays equal.
+  # HK_AB_ARGS: more hk_bench_cuda arguments for every value (e.g. "--lengths full"); HK_AB_TAG: a
+  # suffix for this A/B's files (ab-<tag>.txt), so that two A/Bs of one call keep theirs apart.
   ab_knob=${HK_AB%%=*}
   ab_vals=${HK_AB#*=}
+  ab_tag=${HK_AB_TAG:+-$HK_AB_TAG}
   {
-    echo "A/B of $ab_knob (tuned, random lengths, median ms per forward; hk_bench_cuda --only C;" \
+    echo "A/B of $ab_knob (tuned, ${HK_AB_ARGS:-random lengths}, median ms per forward; hk_bench_cuda --only C;" \
          "${HK_AB_ROUNDS:-1} round(s)$([ "${HK_AB_SHARED_CACHE:-0}" = 1 ] && echo ', one tune cache per case'))"
     for c in ${HK_AB_CASES:-1 2 6}; do
       for round in $(seq 1 "${HK_AB_ROUNDS:-1}"); do
@@ -255,16 +258,16 @@ if want ab; then
         [ $((round % 2)) -eq 0 ] && vals=$(echo $vals | tr ' ' '\n' | tac | tr '\n' ' ')
         for v in $vals; do
           cache="$work/ab-$v"; [ "${HK_AB_SHARED_CACHE:-0}" = 1 ] && cache="$work/ab-shared-$c"
-          (cd "$share" && env "$ab_knob=$v" hk_bench_cuda --only "$c" --tune on --tune-cache "$cache" \
-             --plans "$OUT/ab-plans-$c-$v.txt" \
-             --benchmark_format=json --benchmark_out="$OUT/ab-$c-$v.json" --benchmark_out_format=json) >/dev/null 2>&1
-          ms=$(bench_ms "$OUT/ab-$c-$v.json")
+          (cd "$share" && env "$ab_knob=$v" hk_bench_cuda --only "$c" --tune on --tune-cache "$cache$ab_tag" \
+             ${HK_AB_ARGS:-} --plans "$OUT/ab$ab_tag-plans-$c-$v.txt" \
+             --benchmark_format=json --benchmark_out="$OUT/ab$ab_tag-$c-$v.json" --benchmark_out_format=json) >/dev/null 2>&1
+          ms=$(bench_ms "$OUT/ab$ab_tag-$c-$v.json")
           line="$line  $v $ms"
         done
         echo "$line"
       done
     done
-  } 2>&1 | tee "$OUT/ab.txt"
+  } 2>&1 | tee "$OUT/ab$ab_tag.txt"
 fi
 
 if want ab_builds; then
