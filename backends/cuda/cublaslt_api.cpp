@@ -50,7 +50,6 @@ Api load() {
   get(a.MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
   get(a.MatmulAlgoCheck, "cublasLtMatmulAlgoCheck");
   get(a.MatmulAlgoConfigGetAttribute, "cublasLtMatmulAlgoConfigGetAttribute");
-  get(a.MatmulAlgoInit, "cublasLtMatmulAlgoInit");
   return a;
 }
 

@@ -31,7 +31,6 @@ struct Api {
   decltype(&::cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic;
   decltype(&::cublasLtMatmulAlgoConfigGetAttribute) MatmulAlgoConfigGetAttribute;
   decltype(&::cublasLtMatmulAlgoCheck) MatmulAlgoCheck;
-  decltype(&::cublasLtMatmulAlgoInit) MatmulAlgoInit;
 };
 
 // The entry points, loaded once (thread-safe). Throws hk::Error naming the library and the

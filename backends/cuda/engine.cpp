@@ -222,16 +222,6 @@ Routes routes_from_environment() {
   r.tune_verbose = knob_choice("HK_TUNE_VERBOSE", {"0", "1"}) == "1";
   r.tune_remeasure = knob_choice("HK_TUNE_REMEASURE", {"0", "1"}) == "1";
   if (r.tune) r.tune_cache_dir = tune::TuneCache::default_directory();
-  if (const std::string n = tune::knob_value("HK_GEMM_CANDIDATES"); !n.empty()) {
-    // Decimal digits only, no sign, blanks or leading zeros.
-    const bool digits = n.size() <= 2 && n[0] != '0' &&
-                        std::all_of(n.begin(), n.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
-    const int v = digits ? std::stoi(n) : 0;
-    if (v < 1 || v > kLtMaxCandidates)
-      throw Error("HK_GEMM_CANDIDATES must be an integer from 1 to " + std::to_string(kLtMaxCandidates) + ", got '" +
-                  n + "'");
-    r.gemm_candidates = v;
-  }
   if (gelu == "erf") r.pins["gelu"] = "erf";
   if (attention == "flash" || attention == "flash.q64" || attention == "flash.q16" || attention == "flash.k2" ||
       attention == "flash.k4" || attention == "flash.g4" || attention == "materialized")
@@ -239,12 +229,7 @@ Routes routes_from_environment() {
   if (graph == "1") r.pins["graph"] = "1";
   const std::string layout = knob_choice("HK_GEMM_LAYOUT", {"auto", "nk", "kn"});
   if (layout == "nk" || layout == "kn") r.pins["gemm_layout"] = layout;
-  std::vector<std::string> algo_values = {"auto"};
-  for (int i = 0; i < kLtMaxCandidates; ++i) algo_values.push_back(std::to_string(i));
-  const std::string algo = tune::knob_value("HK_GEMM_ALGO");
-  if (!algo.empty() && std::find(algo_values.begin(), algo_values.end(), algo) == algo_values.end())
-    throw Error("HK_GEMM_ALGO must be 'auto' or an index from 0 to " + std::to_string(kLtMaxCandidates - 1) +
-                ", got '" + algo + "'");
+  const std::string algo = knob_choice("HK_GEMM_ALGO", {"auto", "0", "1", "2", "3", "4", "5", "6", "7"});
   if (!algo.empty() && algo != "auto") r.pins["gemm_algo"] = algo;
   const std::string qkv_gemm = knob_choice("HK_QKV_GEMM", {"auto", "cublaslt", "mma"});
   if (qkv_gemm == "cublaslt" || qkv_gemm == "mma") r.pins["qkv_gemm"] = qkv_gemm;
@@ -379,7 +364,6 @@ struct CudaEngine::Impl {
   float eps = 1e-5f;
   // Resolved pins ("" = free).
   std::string pin_attention, pin_gelu, pin_layout, pin_algo, pin_qkv_gemm, pin_chains, pin_graph, pin_pack;
-  int gemm_candidates = kLtTopK;  // cuBLASLt heuristic results per GEMM and weight layout (Routes)
   bool step_pinned = false;  // the caller pinned a step route (attention, GELU, GEMM layout / algorithm, QKV GEMM)
   // Own kernels only (HK_LIBRARIES, EngineOptions::job_tokens): no cuBLASLt / cuDNN route is made,
   // cuBLASLt is never loaded; the QKV GEMM is the own kernel, the post-attention steps the fused
@@ -557,7 +541,6 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
   pin_gelu = pin_of(routes, "gelu", routes.gelu_epilogue ? "epilogue" : "");
   pin_layout = pin_of(routes, "gemm_layout", "");
   pin_algo = pin_of(routes, "gemm_algo", "");
-  gemm_candidates = routes.gemm_candidates;
   pin_qkv_gemm = pin_of(routes, "qkv_gemm", "");
   // The caller's own pins (before HK_LIBRARIES=own adds its QKV GEMM one below).
   step_pinned = !pin_attention.empty() || !pin_gelu.empty() || !pin_layout.empty() || !pin_algo.empty() ||
@@ -738,7 +721,7 @@ std::unique_ptr<Plan> CudaEngine::Impl::build_plan(int B, int64_t rows) {
       auto make = [&](bool kn_layout) {
         GemmShape t = s;
         t.weight_kn = kn_layout;
-        return std::make_unique<LtGemm>(lt_handle(), t, first_bias, kLtWorkspaceBytes, gemm_candidates);
+        return std::make_unique<LtGemm>(lt_handle(), t, first_bias);
       };
       if (nk) node.nk = make(false);
       if (kn) node.kn = make(true);
@@ -1680,8 +1663,6 @@ void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ct
   if (mma_only) op += ".mma_only";
   if (!mma_only && !pin_layout.empty()) op += ".layout_" + pin_layout;
   if (!mma_only && !pin_algo.empty()) op += ".algo_" + pin_algo;
-  // Another number of heuristic candidates: other ids may name other algorithms.
-  if (!mma_only && gemm_candidates != kLtTopK) op += ".top" + std::to_string(gemm_candidates);
   const tune::TuneKey k = key(p, op, sources);
   const tune::ChooserOptions opt = chooser_options();
   // out_proj of layer 0 adds the caller's x; every other residual GEMM updates x in place, so

@@ -65,7 +65,6 @@ struct Routes {
   std::string tune_cache_dir;  // "" : decisions kept in memory only
   bool tune_verbose = false;   // HK_TUNE_VERBOSE
   bool tune_remeasure = false; // HK_TUNE_REMEASURE
-  int gemm_candidates = 8;     // HK_GEMM_CANDIDATES: cuBLASLt heuristic results kept per GEMM and layout (kLtTopK)
   // Further pins by decision family -> candidate id: "attention" (flash, flash.q64, flash.q16,
   // cudnn, materialized), "gelu" (erf, epilogue), "gemm_layout" (nk, kn), "gemm_algo" (0..7),
   // "qkv_gemm" (cublaslt, mma), "chains" (off, persistent, post_attn_qkv), "graph" (1, 0), "pack" (1, 0),

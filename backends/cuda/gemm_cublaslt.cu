@@ -1,7 +1,6 @@
 // cuBLASLt GEMMs (see gemm_cublaslt.cuh). Host code only: every kernel comes from cuBLASLt.
 #include "gemm_cublaslt.cuh"
 
-#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -24,20 +23,6 @@ T algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttribut
   if (lt::api().MatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS)
     return T{};
   return v;
-}
-
-// Whether two algorithms are the same configuration (every documented config attribute equal).
-bool same_config(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b) {
-  // Each attribute read at its documented width (another size is refused and would read as 0).
-  for (auto attr : {CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_SPLITK_NUM})
-    if (algo_config<int32_t>(a, attr) != algo_config<int32_t>(b, attr)) return false;
-  for (auto attr : {CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-                    CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION,
-                    CUBLASLT_ALGO_CONFIG_STAGES_ID})
-    if (algo_config<uint32_t>(a, attr) != algo_config<uint32_t>(b, attr)) return false;
-  for (auto attr : {CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID})
-    if (algo_config<uint16_t>(a, attr) != algo_config<uint16_t>(b, attr)) return false;
-  return true;
 }
 
 }  // namespace
@@ -88,7 +73,7 @@ void LtGemm::init(const void* bias_example, unsigned residual_align, Pick&& pick
       HK_CUBLAS_CHECK(lt::api().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
                                                            &c_align, sizeof(c_align)));
     }
-    pick(probe, pref, ab, cd);
+    pick(probe, pref);
   } catch (...) {
     if (pref) lt::api().MatmulPreferenceDestroy(pref);
     if (probe) lt::api().MatmulDescDestroy(probe);
@@ -104,10 +89,8 @@ void LtGemm::init(const void* bias_example, unsigned residual_align, Pick&& pick
 LtGemm::LtGemm(cublasLtHandle_t lt, const GemmShape& shape, const void* bias_example,
                size_t workspace_bytes, int top_k, unsigned residual_align)
     : lt_(lt), shape_(shape), workspace_bytes_(workspace_bytes) {
-  init(bias_example, residual_align,
-       [&](cublasLtMatmulDesc_t probe, cublasLtMatmulPreference_t pref, cudaDataType_t ab, cudaDataType_t cd) {
-    const int want = top_k > 0 ? top_k : 1;
-    std::vector<cublasLtMatmulHeuristicResult_t> found(static_cast<size_t>(want));
+  init(bias_example, residual_align, [&](cublasLtMatmulDesc_t probe, cublasLtMatmulPreference_t pref) {
+    std::vector<cublasLtMatmulHeuristicResult_t> found(size_t(top_k > 0 ? top_k : 1));
     int count = 0;
     const cublasStatus_t st = lt::api().MatmulAlgoGetHeuristic(lt_, probe, a_, b_, c_, c_, pref, int(found.size()),
                                                              found.data(), &count);
@@ -115,44 +98,13 @@ LtGemm::LtGemm(cublasLtHandle_t lt, const GemmShape& shape, const void* bias_exa
     if (st != CUBLAS_STATUS_NOT_SUPPORTED) HK_CUBLAS_CHECK(st);
     for (int i = 0; i < count && st == CUBLAS_STATUS_SUCCESS; ++i)
       if (found[size_t(i)].state == CUBLAS_STATUS_SUCCESS) candidates_.push_back(found[size_t(i)]);
-    if (int(candidates_.size()) >= want || candidates_.empty()) return;
-    // The best-fit search returns a handful of configurations however many are asked for. More come
-    // from searches limited to one algorithm id each (the ids the best-fit search chose, in its
-    // order), each configuration once, after the best-fit ones.
-    std::vector<int> ids;
-    for (const auto& r : candidates_) {
-      const int id = algo_config<int32_t>(r.algo, CUBLASLT_ALGO_CONFIG_ID);
-      if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
-    }
-    const uint32_t limited = CUBLASLT_SEARCH_LIMITED_BY_ALGO_ID;
-    HK_CUBLAS_CHECK(lt::api().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_SEARCH_MODE, &limited,
-                                                         sizeof(limited)));
-    for (int id : ids) {
-      std::vector<cublasLtMatmulHeuristicResult_t> more(static_cast<size_t>(want));
-      bool ok = true;
-      for (auto& r : more)
-        ok = ok && lt::api().MatmulAlgoInit(lt_, CUBLAS_COMPUTE_32F, CUDA_R_32F, ab, ab, cd, cd, id, &r.algo) ==
-                       CUBLAS_STATUS_SUCCESS;
-      int n = 0;
-      if (!ok || lt::api().MatmulAlgoGetHeuristic(lt_, probe, a_, b_, c_, c_, pref, want, more.data(), &n) !=
-                     CUBLAS_STATUS_SUCCESS)
-        continue;
-      for (int i = 0; i < n && int(candidates_.size()) < want; ++i) {
-        const cublasLtMatmulHeuristicResult_t& r = more[size_t(i)];
-        if (r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > workspace_bytes_) continue;
-        const bool seen = std::any_of(candidates_.begin(), candidates_.end(),
-                                      [&](const auto& c) { return same_config(c.algo, r.algo); });
-        if (!seen) candidates_.push_back(r);
-      }
-    }
   });
 }
 
 LtGemm::LtGemm(cublasLtHandle_t lt, const GemmShape& shape, const void* bias_example,
                const std::vector<cublasLtMatmulAlgo_t>& known, size_t workspace_bytes, unsigned residual_align)
     : lt_(lt), shape_(shape), workspace_bytes_(workspace_bytes) {
-  init(bias_example, residual_align, [&](cublasLtMatmulDesc_t probe, cublasLtMatmulPreference_t, cudaDataType_t,
-                                        cudaDataType_t) {
+  init(bias_example, residual_align, [&](cublasLtMatmulDesc_t probe, cublasLtMatmulPreference_t) {
     for (const cublasLtMatmulAlgo_t& algo : known) {
       cublasLtMatmulHeuristicResult_t r{};
       // Rejected (another library, device or problem): skipped, not an error.

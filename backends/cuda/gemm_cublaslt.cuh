@@ -49,8 +49,6 @@ struct GemmShape {
 inline constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 // Algorithms kept from the heuristic, best first (a measured dispatch may time them all).
 inline constexpr int kLtTopK = 8;
-// The most HK_GEMM_CANDIDATES may ask for.
-inline constexpr int kLtMaxCandidates = 64;
 
 void check_cublas(cublasStatus_t s, const char* what, const char* file, int line);
 #define HK_CUBLAS_CHECK(expr) ::hk::cuda::check_cublas((expr), #expr, __FILE__, __LINE__)

@@ -56,7 +56,7 @@ if [ ! -x "$san" ]; then
   exit 2
 fi
 # Only the knobs each route sets below: nothing inherited from the caller's environment.
-unset HK_TUNE HK_TUNE_CACHE HK_TUNE_REMEASURE HK_TUNE_VERBOSE HK_ATTENTION HK_GELU HK_GEMM_LAYOUT HK_GEMM_ALGO HK_GEMM_CANDIDATES \
+unset HK_TUNE HK_TUNE_CACHE HK_TUNE_REMEASURE HK_TUNE_VERBOSE HK_ATTENTION HK_GELU HK_GEMM_LAYOUT HK_GEMM_ALGO \
   HK_CHAINS HK_GRAPH HK_PACK HK_CUDA_POISON
 mkdir -p "$work/in" "$work/out" "$work/logs" "$work/res" || exit 2
 rm -f "$work"/res/* "$work"/logs/* "$work"/out/*

@@ -298,40 +298,6 @@ TEST(CudaRoutes, EnvironmentKnobs) {
   }
 }
 
-TEST(CudaRoutes, GemmCandidateKnobs) {
-  EnvGuard g1("HK_GEMM_CANDIDATES"), g2("HK_GEMM_ALGO");
-  unsetenv("HK_GEMM_CANDIDATES");
-  unsetenv("HK_GEMM_ALGO");
-  hk::cuda::Routes r = hk::cuda::routes_from_environment();
-  EXPECT_EQ(r.gemm_candidates, hk::cuda::kLtTopK);
-  EXPECT_EQ(r.pins.count("gemm_algo"), 0u);
-  setenv("HK_GEMM_CANDIDATES", "32", 1);
-  setenv("HK_GEMM_ALGO", "17", 1);
-  r = hk::cuda::routes_from_environment();
-  EXPECT_EQ(r.gemm_candidates, 32);
-  EXPECT_EQ(r.pins["gemm_algo"], "17");
-  setenv("HK_GEMM_ALGO", "auto", 1);
-  EXPECT_EQ(hk::cuda::routes_from_environment().pins.count("gemm_algo"), 0u);
-  for (const char* bad : {"0", "65", "8x", "", " 8", "-1", "99999999999"}) {
-    setenv("HK_GEMM_CANDIDATES", bad, 1);
-    if (*bad == 0) {  // empty: the default
-      EXPECT_EQ(hk::cuda::routes_from_environment().gemm_candidates, hk::cuda::kLtTopK);
-      continue;
-    }
-    try {
-      hk::cuda::routes_from_environment();
-      ADD_FAILURE() << "HK_GEMM_CANDIDATES='" << bad << "' was accepted";
-    } catch (const hk::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("HK_GEMM_CANDIDATES"), std::string::npos) << e.what();
-    }
-  }
-  unsetenv("HK_GEMM_CANDIDATES");
-  for (const char* bad : {"64", "-1", "x", "07"}) {
-    setenv("HK_GEMM_ALGO", bad, 1);
-    EXPECT_THROW(hk::cuda::routes_from_environment(), hk::Error) << bad;
-  }
-}
-
 // The padding-free bucket rule: rows cover every valid token, come in whole granules of
 // max(256, B*S/32), stay dense where packing cannot pay (small B*S, > 85% valid, pinned off).
 TEST(CudaPacking, BucketRule) {

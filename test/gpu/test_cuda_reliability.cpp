@@ -164,7 +164,7 @@ const Route kRoutes[] = {
 const char* const kKnobs[] = {"HK_TUNE",    "HK_TUNE_CACHE",  "HK_TUNE_REMEASURE", "HK_TUNE_VERBOSE",
                               "HK_ATTENTION", "HK_GELU",      "HK_GEMM_LAYOUT",    "HK_GEMM_ALGO",
                               "HK_CHAINS",  "HK_GRAPH",       "HK_PACK",           "HK_CUDA_POISON",
-                              "HK_QKV_GEMM", "HK_LIBRARIES", "HK_GEMM_CANDIDATES"};
+                              "HK_QKV_GEMM", "HK_LIBRARIES"};
 
 struct Config {
   Precision precision;

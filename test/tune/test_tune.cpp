@@ -279,7 +279,7 @@ TEST(Knobs, TuneZeroPinsDefaults) {
 TEST(Knobs, RegistryIsCompleteAndDocumented) {
   EXPECT_THROW(hk::tune::knob_value("HK_NOT_A_KNOB"), hk::Error);
   for (const char* k : {"HK_TUNE", "HK_TUNE_CACHE", "HK_TUNE_REMEASURE", "HK_TUNE_VERBOSE", "HK_ATTENTION", "HK_GELU",
-                        "HK_GEMM_LAYOUT", "HK_GEMM_ALGO", "HK_GEMM_CANDIDATES", "HK_QKV_GEMM", "HK_CHAINS", "HK_LIBRARIES", "HK_GRAPH", "HK_CUDA_POISON", "HK_DATA_DIR"})
+                        "HK_GEMM_LAYOUT", "HK_GEMM_ALGO", "HK_QKV_GEMM", "HK_CHAINS", "HK_LIBRARIES", "HK_GRAPH", "HK_CUDA_POISON", "HK_DATA_DIR"})
     EXPECT_NE(hk::tune::find_knob(k), nullptr) << k;
   const std::string text = hk::tune::describe_knobs();
   std::ifstream doc(HK_TUNE_KNOBS_DOC);

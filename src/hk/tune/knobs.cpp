@@ -35,15 +35,9 @@ const std::vector<Knob>& knobs() {
       {"HK_GEMM_LAYOUT", "auto|nk|kn", "auto", "cuda",
        "Weight layout of every GEMM: nk = nn.Linear's [N, K] (the untuned default), kn = a transposed [K, N] "
        "copy (more device memory). auto: measured per GEMM."},
-      {"HK_GEMM_ALGO", "auto|0..63", "auto", "cuda",
+      {"HK_GEMM_ALGO", "auto|0..7", "auto", "cuda",
        "cuBLASLt algorithm: the index into the heuristic's top candidates (0 = the heuristic's first, the "
-       "untuned default; HK_GEMM_CANDIDATES of them are kept). An index a GEMM lacks falls back to 0. auto: "
-       "measured per GEMM."},
-      {"HK_GEMM_CANDIDATES", "1..64", "8", "cuda",
-       "How many cuBLASLt algorithms each GEMM keeps per weight layout: the heuristic's best-fit search first "
-       "(it returns at most about 8), then configurations from searches limited to each algorithm id it chose. "
-       "These are the candidates a tuned engine times and HK_GEMM_ALGO indexes; more cost tuning time (each is "
-       "timed once per GEMM and batch size, then cached)."},
+       "untuned default). An index a GEMM lacks falls back to 0. auto: measured per GEMM."},
       {"HK_QKV_GEMM", "auto|cublaslt|mma", "auto", "cuda",
        "QKV projection GEMM (fast precision, D a multiple of 32 up to 256): cublaslt = cuBLASLt (the untuned "
        "default), mma = the own mma.sync kernel launched with programmatic dependent launch (its tile width "
