@@ -50,6 +50,9 @@ Api load() {
   get(a.MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
   get(a.MatmulAlgoCheck, "cublasLtMatmulAlgoCheck");
   get(a.MatmulAlgoConfigGetAttribute, "cublasLtMatmulAlgoConfigGetAttribute");
+  get(a.MatmulAlgoInit, "cublasLtMatmulAlgoInit");
+  get(a.MatmulAlgoCapGetAttribute, "cublasLtMatmulAlgoCapGetAttribute");
+  get(a.MatmulAlgoConfigSetAttribute, "cublasLtMatmulAlgoConfigSetAttribute");
   return a;
 }
 

@@ -31,6 +31,11 @@ struct Api {
   decltype(&::cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic;
   decltype(&::cublasLtMatmulAlgoConfigGetAttribute) MatmulAlgoConfigGetAttribute;
   decltype(&::cublasLtMatmulAlgoCheck) MatmulAlgoCheck;
+  // Configurations beyond the heuristic's list (hk_lt_search): an algorithm id's capabilities and
+  // a configuration set field by field.
+  decltype(&::cublasLtMatmulAlgoInit) MatmulAlgoInit;
+  decltype(&::cublasLtMatmulAlgoCapGetAttribute) MatmulAlgoCapGetAttribute;
+  decltype(&::cublasLtMatmulAlgoConfigSetAttribute) MatmulAlgoConfigSetAttribute;
 };
 
 // The entry points, loaded once (thread-safe). Throws hk::Error naming the library and the

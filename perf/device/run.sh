@@ -26,13 +26,14 @@
 #   e2e.txt          case 6 file in, file out: hk_forward vs hk_io_baseline (read + write only), PASS/FAIL vs 1.3x;
 #                    HK_E2E_ALT_ENV="VAR=value ...;VAR=value ..." adds variants of hk_forward to the same loop
 #                    (each with its own median)
+#   lt-search.txt    phase lt_search: cuBLASLt configurations beyond the heuristic's, timed per GEMM (hk_lt_search)
 #   multigpu.txt     phase multigpu: scaling over the GPUs under mpirun, bit identity (multi_gpu.sh)
 #   peers.json       PyTorch peers (eager fp32, compiled) per case
 #   regress/         perf/regress run JSON (device identity, build, date) + the per-case plot
 #   summary.md       the tables for perf/RESULTS.md
 # Usage: perf/device/run.sh [phase ...]   phases: env tests sanitize accuracy bench bench_full
-#        bench_nopack bench_nopdl bench_qkvlt ab ab_builds timeline e2e profile peers regress summary (default:
-#        all but profile, ab, ab_builds and timeline; always run in this order). profile: ncu per-kernel tables (perf/device/profile.sh; HK_PROFILE_CASES;
+#        bench_nopack bench_nopdl bench_qkvlt ab ab_builds timeline lt_search e2e profile peers regress summary (default:
+#        all but profile, ab, ab_builds, timeline and lt_search; always run in this order). profile: ncu per-kernel tables (perf/device/profile.sh; HK_PROFILE_CASES;
 #        HK_PROFILE_SOURCE=<kernel regex>: per-SASS-instruction counters, source-<case>.csv).
 #        multigpu (not in the default list; runs after profile): a stage with HK_DEVICE_MPI=ON,
 #        perf/device/multi_gpu.sh (HK_MGPU_* knobs).
@@ -313,6 +314,16 @@ if want timeline; then
   (cd "$share" && hk_bench_cuda --tune on --tune-cache "$work/tune-timeline" --timeline "$OUT/timeline.md" \
      ${HK_TIMELINE_CASES:+--only "$HK_TIMELINE_CASES"} ${HK_TIMELINE_ARGS:-} --benchmark_format=console) 2>&1 | tail -20
   [ -f "$OUT/timeline.md" ] && grep -E '^(====|no timeline|kernel sequence|median span|event-timed)' "$OUT/timeline.md" | head -60
+fi
+
+if want lt_search; then
+  stamp "lt_search"
+  # Not in the default list: cuBLASLt configurations beyond its heuristic's list, timed against it
+  # per GEMM of the case plans (perf/cuda/lt_search.cpp; HK_LT_SEARCH_ARGS e.g. "--only c8 --max 200").
+  # shellcheck disable=SC2086
+  timeout "${HK_LT_SEARCH_TIMEOUT:-240}" hk_lt_search ${HK_LT_SEARCH_ARGS:-} > "$OUT/lt-search.txt" 2>&1
+  status[lt_search]=$?
+  grep -E '^(hk_lt_search|==|  heuristic|  configurations|  fastest|summary)' "$OUT/lt-search.txt" | tail -150
 fi
 
 if want e2e; then
