@@ -23,6 +23,38 @@ struct GraphKey {
   }
 };
 
+// Kernel-node parameters that do what a memset node with parameters `m` does (1-, 2- or 4-byte
+// elements, 1D or 2D). Owns the argument storage params.kernelParams points at; cudaGraphAddKernelNode
+// copies it, so the object only has to live until the node is added.
+struct MemsetKernelArgs {
+  explicit MemsetKernelArgs(const cudaMemsetParams& m);
+  MemsetKernelArgs(const MemsetKernelArgs&) = delete;
+  MemsetKernelArgs& operator=(const MemsetKernelArgs&) = delete;
+  unsigned char* dst;
+  size_t pitch;
+  unsigned int value;
+  unsigned int elem_size;
+  size_t width;
+  size_t height;
+  void* args[6];
+  cudaKernelNodeParams params{};
+};
+
+// Replaces every memset node of `graph` whose target is memory of the current device by a kernel
+// node doing the same writes, with the same dependencies and dependents. cuBLASLt puts a 4-byte
+// memset in front of some of its GEMM kernels; in a replayed graph a kernel that depends on a memset
+// node starts ~3 us after it, one that depends on a kernel node ~0.5 us (the GPU timelines in
+// perf/RESULTS.md). Memset nodes with non-default edges are left alone. Returns how many were replaced.
+int memset_nodes_as_kernels(cudaGraph_t graph);
+
+// Whether captured graphs get memset_nodes_as_kernels before instantiation (knob HK_GRAPH_MEMSET:
+// node, the default, or kernel).
+bool graph_memsets_as_kernels();
+
+// Instantiates a captured graph (memset nodes rewritten first when graph_memsets_as_kernels()).
+// The graph stays the caller's. Throws CudaError.
+cudaGraphExec_t instantiate_graph(cudaGraph_t graph);
+
 class GraphCache {
  public:
   explicit GraphCache(size_t capacity) : capacity_(capacity < 1 ? 1 : capacity) {}

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "gelu.cuh"
 #include "gemm_cublaslt.cuh"
 #include "gpu_util.hpp"
+#include "graph.hpp"
 #include "rownorm.cuh"
 
 namespace {
@@ -372,6 +374,164 @@ TEST(CudaOps, CublasLtGemmEveryEpilogueAndCandidate) {
     }
   }
   std::printf("max |GELU_tanh - GELU_erf| over the tested pre-activations: %.3g\n", tanh_vs_erf);
+  hk::cuda::lt::api().Destroy(lt);
+  EXPECT_EQ(failures, 0);
+}
+
+// ---- memset nodes of a graph as kernel nodes (graph.hpp) ---------------------------------------
+
+int count_nodes(cudaGraph_t g, cudaGraphNodeType type) {
+  size_t n = 0;
+  HK_TEST_CUDA(cudaGraphGetNodes(g, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n) HK_TEST_CUDA(cudaGraphGetNodes(g, nodes.data(), &n));
+  int c = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t{};
+    HK_TEST_CUDA(cudaGraphNodeGetType(node, &t));
+    c += t == type;
+  }
+  return c;
+}
+
+cudaGraphNode_t add_memset(cudaGraph_t g, std::vector<cudaGraphNode_t> deps, void* dst, unsigned value,
+                           unsigned elem, size_t width, size_t height, size_t pitch) {
+  cudaMemsetParams m{};
+  m.dst = dst;
+  m.value = value;
+  m.elementSize = elem;
+  m.width = width;
+  m.height = height;
+  m.pitch = pitch;
+  cudaGraphNode_t node = nullptr;
+  HK_TEST_CUDA(cudaGraphAddMemsetNode(&node, g, deps.data(), deps.size(), &m));
+  return node;
+}
+
+// A hand-built graph: 4-byte, 2-byte (2D, pitched) and 1-byte memsets, one feeding a copy that must
+// see its writes; rewritten, no memset node is left, and the bytes written (replayed three times,
+// the buffers poisoned in between) are exactly those of the memsets, nothing outside them.
+TEST(CudaOps, GraphMemsetNodesRunAsKernels) {
+  constexpr size_t kBytes = 4096;
+  DevBuf a(kBytes), b(kBytes);
+  unsigned char* pa = a.get<unsigned char>();
+  std::vector<unsigned char> want_a(kBytes, hk::gputest::kPoisonByte), want_b(kBytes, hk::gputest::kPoisonByte);
+  auto put = [&](size_t off, unsigned value, unsigned elem, size_t width, size_t height, size_t pitch) {
+    for (size_t r = 0; r < height; ++r)
+      for (size_t c = 0; c < width; ++c)
+        std::memcpy(&want_a[off + r * pitch + c * elem], &value, elem);  // little endian: the low bytes
+  };
+  cudaGraph_t g = nullptr;
+  HK_TEST_CUDA(cudaGraphCreate(&g, 0));
+  const cudaGraphNode_t m4 = add_memset(g, {}, pa + 4, 0xDEADBEEFu, 4, 5, 1, 0);
+  put(4, 0xDEADBEEFu, 4, 5, 1, 0);
+  const cudaGraphNode_t m2 = add_memset(g, {m4}, pa + 64, 0x1234u, 2, 7, 3, 96);
+  put(64, 0x1234u, 2, 7, 3, 96);
+  add_memset(g, {}, pa + 1024, 0x5Au, 1, 1000, 1, 0);  // several blocks of the kernel
+  put(1024, 0x5Au, 1, 1000, 1, 0);
+  add_memset(g, {}, pa + 2400, 0u, 4, 77, 4, 308);  // 2D, 4-byte, zeros
+  put(2400, 0u, 4, 77, 4, 308);
+  cudaMemcpy3DParms cp{};
+  cp.srcPtr = make_cudaPitchedPtr(pa, 512, 512, 1);
+  cp.dstPtr = make_cudaPitchedPtr(b.get(), 512, 512, 1);
+  cp.extent = make_cudaExtent(512, 1, 1);
+  cp.kind = cudaMemcpyDeviceToDevice;
+  cudaGraphNode_t copy = nullptr;
+  HK_TEST_CUDA(cudaGraphAddMemcpyNode(&copy, g, &m2, 1, &cp));
+  std::memcpy(want_b.data(), want_a.data(), 512);
+
+  ASSERT_EQ(count_nodes(g, cudaGraphNodeTypeMemset), 4);
+  EXPECT_EQ(hk::cuda::memset_nodes_as_kernels(g), 4);
+  EXPECT_EQ(count_nodes(g, cudaGraphNodeTypeMemset), 0);
+  EXPECT_EQ(count_nodes(g, cudaGraphNodeTypeKernel), 4);
+  EXPECT_EQ(count_nodes(g, cudaGraphNodeTypeMemcpy), 1);
+  size_t deps = 0;
+  HK_TEST_CUDA(cudaGraphNodeGetDependencies(copy, nullptr, nullptr, &deps));
+  EXPECT_EQ(deps, 1u) << "the copy lost its dependency on the rewritten memset";
+  EXPECT_EQ(hk::cuda::memset_nodes_as_kernels(g), 0);  // nothing left to rewrite
+  cudaGraphExec_t exec = nullptr;
+  HK_TEST_CUDA(cudaGraphInstantiate(&exec, g, 0));
+  for (int rep = 0; rep < 3; ++rep) {
+    a.poison();
+    b.poison();
+    HK_TEST_CUDA(cudaGraphLaunch(exec, nullptr));
+    HK_TEST_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(a.download<unsigned char>(kBytes), want_a) << "replay " << rep;
+    EXPECT_EQ(b.download<unsigned char>(kBytes), want_b) << "replay " << rep;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(g);
+}
+
+// cuBLASLt GEMMs captured into graphs: for every heuristic candidate of shapes of the case plans whose
+// capture holds memset nodes, the rewritten graph gives the eager launch's bits, replay after replay.
+TEST(CudaOps, CublasLtGraphsWithMemsetNodesAsKernels) {
+  cublasLtHandle_t lt = nullptr;
+  ASSERT_EQ(hk::cuda::lt::api().Create(&lt), CUBLAS_STATUS_SUCCESS);
+  DevBuf workspace(hk::cuda::kLtWorkspaceBytes);
+  cudaStream_t s = nullptr;
+  HK_TEST_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  using E = hk::cuda::GemmEpilogue;
+  struct Shape {
+    GemmCase c;
+    E epi;
+    DType out;
+  };
+  const std::vector<Shape> shapes = {
+      {{16384, 768, 256, "case 12 qkv, full length"}, E::bias, DType::f16},
+      {{16384, 256, 256, "case 12 out_proj, full length"}, E::bias_residual, DType::f32},
+      {{8192, 3072, 1024, "case 8 qkv, full length"}, E::bias, DType::f16},
+      {{8192, 1024, 1024, "case 8 ffn_out, full length"}, E::bias_residual, DType::f32},
+      {{65536, 384, 128, "case 13 qkv, full length"}, E::bias, DType::f16},
+  };
+  int with_memsets = 0, failures = 0;
+  for (const Shape& sh : shapes) {
+    const GemmCase& c = sh.c;
+    const GemmData d = gemm_data(c, DType::f16, sh.out, uint64_t(c.rows + c.n + c.k));
+    const size_t out_bytes = size_t(c.rows) * c.n * esize(sh.out);
+    DevBuf x(d.x.size() * 2), w(d.w.size() * 2), bias(d.bias.size() * esize(sh.out)), out(out_bytes);
+    DevBuf res(size_t(c.rows) * c.n * 4);
+    upload_as(x, d.x, DType::f16);
+    upload_as(w, d.w, DType::f16);
+    upload_as(bias, d.bias, sh.out);
+    res.upload(hk::gputest::to_float(d.res));
+    const float* residual = sh.epi == E::bias_residual ? res.get<float>() : nullptr;
+    hk::cuda::LtGemm gemm(lt, {c.rows, c.n, c.k, DType::f16, sh.out, sh.epi}, bias.get());
+    ASSERT_TRUE(gemm.available()) << c.note;
+    const int binding = gemm.bind_bias(bias.get());
+    for (int cand = 0; cand < int(gemm.candidates().size()); ++cand) {
+      gemm.select(cand);
+      out.poison();
+      gemm.run(binding, w.get(), x.get(), residual, out.get(), workspace.get(), s);
+      HK_TEST_CUDA(cudaStreamSynchronize(s));
+      const auto want = out.download<unsigned char>(out_bytes);
+      cudaGraph_t g = nullptr;
+      HK_TEST_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      gemm.run(binding, w.get(), x.get(), residual, out.get(), workspace.get(), s);
+      HK_TEST_CUDA(cudaStreamEndCapture(s, &g));
+      const int memsets = count_nodes(g, cudaGraphNodeTypeMemset);
+      const int replaced = hk::cuda::memset_nodes_as_kernels(g);
+      bool same = replaced == memsets && count_nodes(g, cudaGraphNodeTypeMemset) == 0;
+      if (memsets > 0) {
+        ++with_memsets;
+        cudaGraphExec_t exec = nullptr;
+        HK_TEST_CUDA(cudaGraphInstantiate(&exec, g, 0));
+        for (int rep = 0; rep < 3; ++rep) {
+          out.poison();
+          HK_TEST_CUDA(cudaGraphLaunch(exec, s));
+          HK_TEST_CUDA(cudaStreamSynchronize(s));
+          same &= out.download<unsigned char>(out_bytes) == want;
+        }
+        cudaGraphExecDestroy(exec);
+      }
+      cudaGraphDestroy(g);
+      failures += !same;
+      std::printf("%-32s candidate %d (%s): %d memset node(s), %d rewritten: %s\n", c.note, cand,
+                  gemm.describe(cand).c_str(), memsets, replaced, same ? "ok" : "FAIL");
+    }
+  }
+  std::printf("candidates whose graph held a memset node: %d\n", with_memsets);
+  HK_TEST_CUDA(cudaStreamDestroy(s));
   hk::cuda::lt::api().Destroy(lt);
   EXPECT_EQ(failures, 0);
 }
