@@ -62,7 +62,7 @@ int memset_nodes_as_kernels(cudaGraph_t graph) {
 }
 
 bool graph_memsets_as_kernels() {
-  static const bool on = tune::knob_choice("HK_GRAPH_MEMSET", {"node", "kernel"}) == "kernel";
+  static const bool on = tune::knob_choice("HK_GRAPH_MEMSET", {"kernel", "node"}) != "node";
   return on;
 }
 

@@ -48,7 +48,7 @@ struct MemsetKernelArgs {
 int memset_nodes_as_kernels(cudaGraph_t graph);
 
 // Whether captured graphs get memset_nodes_as_kernels before instantiation (knob HK_GRAPH_MEMSET:
-// node, the default, or kernel).
+// kernel, the default, or node).
 bool graph_memsets_as_kernels();
 
 // Instantiates a captured graph (memset nodes rewritten first when graph_memsets_as_kernels()).
