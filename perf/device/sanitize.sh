@@ -199,11 +199,17 @@ run_one() {
   local i=$1 tool=$2 route=$3 shape=$4 limit=$5
   local rlog="$work/logs/$i-$tool-$route-$shape.log" t0 rc status detail n
   t0=$(date +%s)
+  # In its own process group: timeout signals only the tool, and a tool stopped at its limit can
+  # leave its target (hk_forward) running on the GPU, where it would share the GPU with whatever
+  # runs next (the benchmarks of the same device call). The whole group goes once the run ends.
   # shellcheck disable=SC2086
-  env ${route_env[$route]} timeout -k 10 "$limit" "$san" --tool "$tool" --error-exitcode 99 \
+  setsid env ${route_env[$route]} timeout -k 10 "$limit" "$san" --tool "$tool" --error-exitcode 99 \
     "$bin/hk_forward" --backend cuda ${route_opt[$route]} --no-fork-validate --quiet \
-    --input "$work/in/$shape.h5" --output "$work/out/$i.h5" > "$rlog" 2>&1
+    --input "$work/in/$shape.h5" --output "$work/out/$i.h5" > "$rlog" 2>&1 &
+  local group=$!
+  wait "$group"
   rc=$?
+  kill -KILL -- "-$group" 2>/dev/null
   rm -f "$work/out/$i.h5"
   local secs=$(( $(date +%s) - t0 ))
   detail=$(grep -m1 -E "ERROR SUMMARY|RACECHECK SUMMARY" "$rlog" | sed 's/^========= //')
@@ -258,6 +264,12 @@ for spec in "${runs[@]}"; do
   run_one "$i" "$tool" "$route" "$shape" "$limit" &
 done
 wait
+# Nothing of this script may outlive it: any hk_forward still reading this script's inputs is a
+# target its tool left behind.
+if pgrep -f -- "--input $work/in/" > /dev/null; then
+  say "sanitize.sh: killed $(pgrep -f -c -- "--input $work/in/") process(es) left running by stopped runs"
+  pkill -KILL -f -- "--input $work/in/"
+fi
 
 # ---- errors of the runs that reported any, then the summary ----------------------------------------
 for f in "$work"/logs/*.log; do
