@@ -266,10 +266,10 @@ done
 wait
 # Nothing of this script may outlive it: any hk_forward still reading this script's inputs is a
 # target its tool left behind.
-left=$(pgrep -f -c -- "--input $work/in/")
-if [ "${left:-0}" -gt 0 ]; then
+stray=$(pgrep -f -c -- "--input $work/in/")
+if [ "${stray:-0}" -gt 0 ]; then
   pkill -KILL -f -- "--input $work/in/"
-  say "sanitize.sh: killed $left process(es) left running by stopped runs"
+  say "sanitize.sh: killed $stray process(es) left running by stopped runs"
 fi
 
 # ---- errors of the runs that reported any, then the summary ----------------------------------------
