@@ -231,6 +231,8 @@ Routes routes_from_environment() {
   if (layout == "nk" || layout == "kn") r.pins["gemm_layout"] = layout;
   const std::string algo = knob_choice("HK_GEMM_ALGO", {"auto", "0", "1", "2", "3", "4", "5", "6", "7"});
   if (!algo.empty() && algo != "auto") r.pins["gemm_algo"] = algo;
+  const std::string neighbours = knob_choice("HK_GEMM_NEIGHBOURS", {"off", "cluster", "tiles"});
+  if (neighbours == "cluster" || neighbours == "tiles") r.pins["gemm_neighbours"] = neighbours;
   const std::string qkv_gemm = knob_choice("HK_QKV_GEMM", {"auto", "cublaslt", "mma"});
   if (qkv_gemm == "cublaslt" || qkv_gemm == "mma") r.pins["qkv_gemm"] = qkv_gemm;
   const std::string chains = knob_choice("HK_CHAINS", {"auto", "off", "persistent", "post_attn_qkv", "attention_chain", "attention_model"});
@@ -363,7 +365,8 @@ struct CudaEngine::Impl {
   DType act = DType::f16;
   float eps = 1e-5f;
   // Resolved pins ("" = free).
-  std::string pin_attention, pin_gelu, pin_layout, pin_algo, pin_qkv_gemm, pin_chains, pin_graph, pin_pack;
+  std::string pin_attention, pin_gelu, pin_layout, pin_algo, pin_qkv_gemm, pin_chains, pin_graph, pin_pack,
+      pin_gemm_neighbours;
   bool step_pinned = false;  // the caller pinned a step route (attention, GELU, GEMM layout / algorithm, QKV GEMM)
   // Own kernels only (HK_LIBRARIES, EngineOptions::job_tokens): no cuBLASLt / cuDNN route is made,
   // cuBLASLt is never loaded; the QKV GEMM is the own kernel, the post-attention steps the fused
@@ -541,6 +544,7 @@ CudaEngine::Impl::Impl(const Model& model, const EngineOptions& o, const Routes&
   pin_gelu = pin_of(routes, "gelu", routes.gelu_epilogue ? "epilogue" : "");
   pin_layout = pin_of(routes, "gemm_layout", "");
   pin_algo = pin_of(routes, "gemm_algo", "");
+  pin_gemm_neighbours = pin_of(routes, "gemm_neighbours", "");
   pin_qkv_gemm = pin_of(routes, "qkv_gemm", "");
   // The caller's own pins (before HK_LIBRARIES=own adds its QKV GEMM one below).
   step_pinned = !pin_attention.empty() || !pin_gelu.empty() || !pin_layout.empty() || !pin_algo.empty() ||
@@ -1629,6 +1633,7 @@ void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ct
   for (bool kn : {false, true}) {
     LtGemm* m = kn ? g.kn.get() : g.nk.get();
     if (!m || mma_only) continue;
+    m->set_extra({});  // the heuristic's candidates only (a decision that threw may have added others)
     const int n = int(m->candidates().size());
     for (int i = 0; i < n; ++i) {
       if (!pin_algo.empty() && std::to_string(i) != pin_algo && !(i == 0 && std::stoi(pin_algo) >= n)) continue;
@@ -1663,8 +1668,6 @@ void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ct
   if (mma_only) op += ".mma_only";
   if (!mma_only && !pin_layout.empty()) op += ".layout_" + pin_layout;
   if (!mma_only && !pin_algo.empty()) op += ".algo_" + pin_algo;
-  const tune::TuneKey k = key(p, op, sources);
-  const tune::ChooserOptions opt = chooser_options();
   // out_proj of layer 0 adds the caller's x; every other residual GEMM updates x in place, so
   // each candidate must start from the same x.
   const float* residual = g.which == GemmWhich::out ? (s.layer == 0 && !p.packed ? c.x : buf.x)
@@ -1672,35 +1675,90 @@ void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ct
                                                        : nullptr;
   const unsigned out_bit = g.which == GemmWhich::qkv ? kQKV : g.which == GemmWhich::in ? kF : kX;
   const unsigned restore = residual == buf.x ? unsigned(kX) : 0u;
-  char* snap = nullptr;
-  char* ref = nullptr;
-  if (!chooser->answered(k, cands, opt)) {
-    const size_t snap_bytes = buf_bytes(p, restore), ref_bytes = buf_bytes(p, out_bit);
-    snap = scratch(inner_scratch, snap_bytes + ref_bytes, c.stream);
-    ref = snap + snap_bytes;
-    if (restore) copy_set(p, restore, c, snap, true);
-  }
   // One launch of this node for step s (whatever layer s is: its buffers and weights).
   const void* in = g.which == GemmWhich::out ? buf.o : g.which == GemmWhich::outf ? buf.f : buf.h;
   void* out = g.which == GemmWhich::qkv ? buf.qkv : g.which == GemmWhich::in ? buf.f : static_cast<void*>(buf.x);
   auto launch = [&](cudaStream_t st) { run_gemm(p, g, s.layer, in, residual, out, st); };
-  tune::Probe probe;
-  probe.run = [&](int i) {
-    if (restore) copy_set(p, restore, c, snap, false);
-    apply(size_t(i));
-    launch(c.stream);
+  // Decides among `cands` (applied through `what`) under key `op`; the winner is applied.
+  auto decide = [&](const std::string& op_key, const tune::ChooserOptions& opt) {
+    const tune::TuneKey k = key(p, op_key, sources);
+    char* snap = nullptr;
+    char* ref = nullptr;
+    if (!chooser->answered(k, cands, opt)) {
+      const size_t snap_bytes = buf_bytes(p, restore), ref_bytes = buf_bytes(p, out_bit);
+      snap = scratch(inner_scratch, snap_bytes + ref_bytes, c.stream);
+      ref = snap + snap_bytes;
+      if (restore) copy_set(p, restore, c, snap, true);
+    }
+    tune::Probe probe;
+    probe.run = [&](int i) {
+      if (restore) copy_set(p, restore, c, snap, false);
+      apply(size_t(i));
+      launch(c.stream);
+    };
+    probe.keep_reference = [&] { copy_set(p, out_bit, c, ref, true); };
+    probe.difference = [&] { return diff_set(p, out_bit, c, ref); };
+    probe.time = [&](int i) {
+      apply(size_t(i));
+      return timer->time(launch, pin_graph != "0");
+    };
+    const tune::Decision d = chooser->decide(k, cands, probe, opt);
+    apply(size_t(d.chosen));
+    if (restore && snap) copy_set(p, restore, c, snap, false);
+    return d;
   };
-  probe.keep_reference = [&] { copy_set(p, out_bit, c, ref, true); };
-  probe.difference = [&] { return diff_set(p, out_bit, c, ref); };
-  probe.time = [&](int i) {
-    apply(size_t(i));
-    return timer->time(launch, pin_graph != "0");
-  };
-  const tune::Decision d = chooser->decide(k, cands, probe, opt);
-  apply(size_t(d.chosen));
-  g.decided = true;  // only once applied: a decision that threw is made again (never a cuBLASLt fallback)
-  if (restore && snap) copy_set(p, restore, c, snap, false);
+  const tune::Decision d = decide(op, chooser_options());
   p.decisions.push_back(d);
+
+  // HK_GEMM_NEIGHBOURS: a second decision among the winner and the configurations around the
+  // heuristic's candidates of the winner's weight layout (LtGemm::neighbours): cluster shapes of
+  // every candidate, and with `tiles` every tile id of the first three and of the winner.
+  // Measured only: untuned, pinned to an algorithm, or won by the own kernel, there is none.
+  const std::pair<bool, int> first = what[size_t(d.chosen)];
+  if (pin_gemm_neighbours.empty() || pin_gemm_neighbours == "off" || !routes.tune || !pin_algo.empty() ||
+      first.second < 0) {
+    g.decided = true;  // only once applied: a decision that threw is made again (never a cuBLASLt fallback)
+    return;
+  }
+  LtGemm& m = g.active();
+  const bool tiles = pin_gemm_neighbours == "tiles";
+  const std::string layout = first.first ? "kn." : "nk.";
+  std::vector<cublasLtMatmulAlgo_t> extra;
+  std::vector<std::string> ids;
+  for (int b = 0; b < m.base_count(); ++b) {
+    const bool with_tiles = tiles && (b < 3 || b == first.second);
+    const std::vector<cublasLtMatmulAlgo_t> around = m.neighbours(b, true, with_tiles);
+    for (const cublasLtMatmulAlgo_t& a : around) {
+      bool seen = false;
+      for (const cublasLtMatmulAlgo_t& e : extra) seen = seen || std::memcmp(&e, &a, sizeof a) == 0;
+      if (seen) continue;
+      extra.push_back(a);
+      ids.push_back(layout + std::to_string(b) + "." + algo_fields(a));
+    }
+  }
+  const std::vector<int> index = m.set_extra(extra);
+  cands = {d.winner()};
+  what = {first};
+  for (size_t j = 0; j < extra.size(); ++j) {
+    if (index[j] < 0) continue;
+    cands.push_back({ids[j], std::string(first.first ? "[K,N] " : "[N,K] ") + m.describe(index[j])});
+    what.emplace_back(first.first, index[j]);
+  }
+  // A neighbour must beat the winner by 2%: among hundreds of single timings the fastest is
+  // partly the luckiest, and the heuristic's own configuration is the safer one at equal speed.
+  tune::ChooserOptions opt = chooser_options();
+  opt.margin = std::max(opt.margin, 0.02);
+  const double target = timer->target_ms;
+  timer->target_ms = 1.0;  // ~60-100 launches per configuration of these 7-50 us GEMMs
+  try {
+    const tune::Decision n = decide(op + ".neighbours_" + pin_gemm_neighbours + ".from_" + d.winner().id, opt);
+    timer->target_ms = target;
+    p.decisions.push_back(n);
+  } catch (...) {
+    timer->target_ms = target;
+    throw;
+  }
+  g.decided = true;
 }
 
 void CudaEngine::Impl::run_inner(Plan& p, const PlannedKernel<Ctx>& k, Ctx& c) {

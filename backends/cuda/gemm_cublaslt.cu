@@ -1,7 +1,10 @@
 // cuBLASLt GEMMs (see gemm_cublaslt.cuh). Host code only: every kernel comes from cuBLASLt.
 #include "gemm_cublaslt.cuh"
 
+#include <algorithm>
+#include <array>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "cublaslt_api.hpp"
@@ -25,6 +28,40 @@ T algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttribut
   return v;
 }
 
+template <class T>
+void set_algo_config(cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr, T v) {
+  lt::api().MatmulAlgoConfigSetAttribute(&algo, attr, &v, sizeof(v));
+}
+
+// A capability list of uint32 ids (tile ids); empty when the algorithm lists none.
+std::vector<uint32_t> algo_cap_ids(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t attr) {
+  size_t bytes = 0;
+  if (lt::api().MatmulAlgoCapGetAttribute(&algo, attr, nullptr, 0, &bytes) != CUBLAS_STATUS_SUCCESS || bytes == 0)
+    return {};
+  std::vector<uint32_t> ids(bytes / sizeof(uint32_t));
+  size_t written = 0;
+  if (lt::api().MatmulAlgoCapGetAttribute(&algo, attr, ids.data(), bytes, &written) != CUBLAS_STATUS_SUCCESS)
+    return {};
+  return ids;
+}
+
+// The minimum alignments (bytes) of A, B, C and D the algorithm needs; 256 (the most any
+// asks) where the capability cannot be read.
+std::array<uint32_t, 4> algo_alignments(const cublasLtMatmulAlgo_t& algo) {
+  const cublasLtMatmulAlgoCapAttributes_t attrs[4] = {
+      CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_A_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_C_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_D_BYTES};
+  std::array<uint32_t, 4> a{};
+  for (int i = 0; i < 4; ++i) {
+    uint32_t v = 256;
+    size_t written = 0;
+    if (lt::api().MatmulAlgoCapGetAttribute(&algo, attrs[i], &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS)
+      v = 256;
+    a[size_t(i)] = v;
+  }
+  return a;
+}
+
 }  // namespace
 
 const char* to_string(GemmEpilogue e) {
@@ -34,6 +71,20 @@ const char* to_string(GemmEpilogue e) {
     case GemmEpilogue::bias_residual: return "bias_residual";
   }
   return "?";
+}
+
+std::string algo_fields(const cublasLtMatmulAlgo_t& a) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "a%d.t%u.s%u.c%u.i%u.w%u.u%u.k%d.r%u",
+                algo_config<int32_t>(a, CUBLASLT_ALGO_CONFIG_ID), algo_config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
+                algo_config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                unsigned(algo_config<uint16_t>(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)),
+                unsigned(algo_config<uint16_t>(a, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID)),
+                algo_config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+                algo_config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
+                algo_config<int32_t>(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+                algo_config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME));
+  return buf;
 }
 
 void check_cublas(cublasStatus_t s, const char* what, const char* file, int line) {
@@ -99,6 +150,7 @@ LtGemm::LtGemm(cublasLtHandle_t lt, const GemmShape& shape, const void* bias_exa
     for (int i = 0; i < count && st == CUBLAS_STATUS_SUCCESS; ++i)
       if (found[size_t(i)].state == CUBLAS_STATUS_SUCCESS) candidates_.push_back(found[size_t(i)]);
   });
+  base_count_ = int(candidates_.size());
 }
 
 LtGemm::LtGemm(cublasLtHandle_t lt, const GemmShape& shape, const void* bias_example,
@@ -115,6 +167,7 @@ LtGemm::LtGemm(cublasLtHandle_t lt, const GemmShape& shape, const void* bias_exa
       candidates_.push_back(r);
     }
   });
+  base_count_ = int(candidates_.size());
 }
 
 LtGemm::~LtGemm() {
@@ -161,6 +214,62 @@ std::string LtGemm::describe(int index) const {
                 algo_config<int32_t>(r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM), r.workspaceSize >> 10,
                 double(r.wavesCount));
   return buf;
+}
+
+std::vector<cublasLtMatmulAlgo_t> LtGemm::neighbours(int index, bool clusters, bool tiles) const {
+  if (index < 0 || index >= int(candidates_.size()))
+    throw CudaError("LtGemm::neighbours: no candidate " + std::to_string(index));
+  const cublasLtMatmulAlgo_t& base = candidates_[size_t(index)].algo;
+  std::vector<cublasLtMatmulAlgo_t> out;
+  const auto seen = [&](const cublasLtMatmulAlgo_t& a) {
+    for (const auto& r : candidates_)
+      if (std::memcmp(&r.algo, &a, sizeof a) == 0) return true;
+    for (const auto& o : out)
+      if (std::memcmp(&o, &a, sizeof a) == 0) return true;
+    return false;
+  };
+  if (clusters) {
+    for (uint16_t cl = CUBLASLT_CLUSTER_SHAPE_1x1x1; cl < CUBLASLT_CLUSTER_SHAPE_END; ++cl) {
+      cublasLtMatmulAlgo_t a = base;
+      set_algo_config(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cl);
+      if (!seen(a)) out.push_back(a);
+    }
+  }
+  if (tiles) {
+    for (uint32_t t : algo_cap_ids(base, CUBLASLT_ALGO_CAP_TILE_IDS)) {
+      cublasLtMatmulAlgo_t a = base;
+      set_algo_config(a, CUBLASLT_ALGO_CONFIG_TILE_ID, t);
+      if (!seen(a)) out.push_back(a);
+    }
+  }
+  return out;
+}
+
+std::vector<int> LtGemm::set_extra(const std::vector<cublasLtMatmulAlgo_t>& extra) {
+  if (descs_.empty()) throw CudaError("LtGemm::set_extra: bind a bias first");
+  candidates_.resize(size_t(base_count_));
+  if (selected_ >= base_count_) selected_ = 0;
+  std::array<uint32_t, 4> limit = {256, 256, 256, 256};
+  for (const auto& r : candidates_) {
+    const std::array<uint32_t, 4> a = algo_alignments(r.algo);
+    for (size_t i = 0; i < 4; ++i) limit[i] = std::min(limit[i], a[i]);
+  }
+  std::vector<int> index(extra.size(), -1);
+  for (size_t j = 0; j < extra.size(); ++j) {
+    cublasLtMatmulHeuristicResult_t r{};
+    if (lt::api().MatmulAlgoCheck(lt_, descs_.front(), a_, b_, c_, c_, &extra[j], &r) != CUBLAS_STATUS_SUCCESS)
+      continue;
+    if (r.workspaceSize > workspace_bytes_) continue;
+    const std::array<uint32_t, 4> a = algo_alignments(extra[j]);
+    bool aligned = true;
+    for (size_t i = 0; i < 4; ++i) aligned = aligned && a[i] <= limit[i];
+    if (!aligned) continue;
+    r.algo = extra[j];
+    r.state = CUBLAS_STATUS_SUCCESS;
+    index[j] = int(candidates_.size());
+    candidates_.push_back(r);
+  }
+  return index;
 }
 
 int LtGemm::bind_bias(const void* bias) {

@@ -53,6 +53,11 @@ inline constexpr int kLtTopK = 8;
 void check_cublas(cublasStatus_t s, const char* what, const char* file, int line);
 #define HK_CUBLAS_CHECK(expr) ::hk::cuda::check_cublas((expr), #expr, __FILE__, __LINE__)
 
+// The configuration fields of a cuBLASLt algorithm, short and stable (tune-cache ids):
+// "a66.t327.s35.c5.i0.w0.u3.k1.r0" (algo, tile, stages, cluster shape, inner shape, swizzle,
+// custom option, split-K, reduction scheme).
+std::string algo_fields(const cublasLtMatmulAlgo_t& algo);
+
 class LtGemm {
  public:
   // `bias_example`: one of the bias vectors run() will use (the heuristic reads its alignment;
@@ -74,10 +79,25 @@ class LtGemm {
   // False when the heuristic returned no algorithm (e.g. an epilogue this type pair lacks).
   bool available() const { return !candidates_.empty(); }
   const std::vector<cublasLtMatmulHeuristicResult_t>& candidates() const { return candidates_; }
+  // How many of candidates() came from the constructor (the heuristic's, or the accepted `known`);
+  // the rest were added by set_extra().
+  int base_count() const { return base_count_; }
   int selected() const { return selected_; }
   void select(int index);  // one of candidates(); throws on a bad index
   // "algo 21 tile 18 stages 12 splitk 1 ws 0 KiB waves 0.76" for candidate `index` (-1: selected)
   std::string describe(int index = -1) const;
+
+  // Configurations around candidate `index`, each changed in one field, the rest of the algorithm
+  // (including what no configuration attribute names) kept: every other cluster shape
+  // (`clusters`), then every other tile id its algorithm lists (`tiles`). Those equal to a current
+  // candidate are left out; none is checked against the problem yet (set_extra does).
+  std::vector<cublasLtMatmulAlgo_t> neighbours(int index, bool clusters, bool tiles) const;
+  // Replaces the candidates beyond base_count() with those of `extra` that
+  // cublasLtMatmulAlgoCheck accepts for this problem, within the workspace, needing no more
+  // alignment of any operand than every constructor candidate does (the heuristic's were chosen
+  // for the guaranteed alignments). Returns the candidate index of each of `extra`, -1 where
+  // rejected. Resets the selection to 0 when it pointed beyond the base. Needs a bound bias.
+  std::vector<int> set_extra(const std::vector<cublasLtMatmulAlgo_t>& extra);
 
   // Makes a matmul descriptor carrying `bias`; returns the binding run() takes.
   int bind_bias(const void* bias);
@@ -94,6 +114,7 @@ class LtGemm {
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
   std::vector<cublasLtMatmulDesc_t> descs_;  // one per bound bias
   std::vector<cublasLtMatmulHeuristicResult_t> candidates_;
+  int base_count_ = 0;
   int selected_ = 0;
 
   cublasLtMatmulDesc_t make_desc(const void* bias) const;

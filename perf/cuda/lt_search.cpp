@@ -77,49 +77,19 @@ T config(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t att
   return v;
 }
 
-template <class T>
-void set_config(cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr, T v) {
-  lt::api().MatmulAlgoConfigSetAttribute(&a, attr, &v, sizeof v);
-}
-
-std::vector<uint32_t> cap_ids(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoCapAttributes_t attr) {
-  size_t bytes = 0;
-  if (lt::api().MatmulAlgoCapGetAttribute(&a, attr, nullptr, 0, &bytes) != CUBLAS_STATUS_SUCCESS || bytes == 0)
-    return {};
-  std::vector<uint32_t> ids(bytes / sizeof(uint32_t));
-  size_t w = 0;
-  if (lt::api().MatmulAlgoCapGetAttribute(&a, attr, ids.data(), bytes, &w) != CUBLAS_STATUS_SUCCESS) return {};
-  return ids;
-}
-
-// Configurations around the heuristic's own (see the header): each of its candidates with every
-// other cluster shape, and with every other tile id of its algorithm, the rest of the candidate
-// (including what no configuration attribute names) kept. Algorithms built by cublasLtMatmulAlgoInit
-// and configured field by field ran 3-14% slower than the heuristic's with the same named fields
-// (first search), so the heuristic's candidates are the starting points.
+// Configurations around the heuristic's own (see the header): LtGemm::neighbours of each of its
+// candidates, without repeats. Algorithms built by cublasLtMatmulAlgoInit and configured field by
+// field ran 3-14% slower than the heuristic's with the same named fields (first search), so the
+// heuristic's candidates are the starting points.
 std::vector<cublasLtMatmulAlgo_t> enumerate(const LtGemm& heur, size_t* tried) {
   std::vector<cublasLtMatmulAlgo_t> out;
   *tried = 0;
-  const auto known = [&](const cublasLtMatmulAlgo_t& a) {
-    for (const auto& r : heur.candidates())
-      if (std::memcmp(&r.algo, &a, sizeof a) == 0) return true;
-    for (const auto& o : out)
-      if (std::memcmp(&o, &a, sizeof a) == 0) return true;
-    return false;
-  };
-  for (const auto& r : heur.candidates()) {
-    std::vector<uint32_t> tiles = cap_ids(r.algo, CUBLASLT_ALGO_CAP_TILE_IDS);
-    for (uint16_t cl = CUBLASLT_CLUSTER_SHAPE_1x1x1; cl < CUBLASLT_CLUSTER_SHAPE_END; ++cl) {
-      cublasLtMatmulAlgo_t a = r.algo;
-      set_config(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cl);
+  for (int i = 0; i < int(heur.candidates().size()); ++i) {
+    for (const cublasLtMatmulAlgo_t& a : heur.neighbours(i, true, true)) {
       ++*tried;
-      if (!known(a)) out.push_back(a);
-    }
-    for (uint32_t t : tiles) {
-      cublasLtMatmulAlgo_t a = r.algo;
-      set_config(a, CUBLASLT_ALGO_CONFIG_TILE_ID, t);
-      ++*tried;
-      if (!known(a)) out.push_back(a);
+      bool seen = false;
+      for (const auto& o : out) seen = seen || std::memcmp(&o, &a, sizeof a) == 0;
+      if (!seen) out.push_back(a);
     }
   }
   return out;

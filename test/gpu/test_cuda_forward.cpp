@@ -449,6 +449,22 @@ int run_tuned_case(const Case& c) {
     t.row("pinned qkv mma", "ratio " + fmt("%.3g", r6), r6 <= 1.0 && mma_named == mma_applies,
           mma_applies ? "own QKV kernel" : "not applicable: cuBLASLt");
 
+    // HK_GEMM_NEIGHBOURS=tiles: the configurations around cuBLASLt's candidates as a second
+    // decision per GEMM, within budget; at D > 256 (cuBLASLt's GEMMs only) explain lists them.
+    Routes nb = tuned;
+    nb.tune_cache_dir.clear();
+    nb.pins = {{"gemm_neighbours", "tiles"}};
+    auto e7 = run.engine(Precision::fast, nb);
+    const std::vector<float> y7 = run.device_call(*e7, xd, len_dev, c.B, yd);
+    const double r7 = hk::test::budget_ratio(y7.data(), ref);
+    const std::string p7 = e7->explain(c.B);
+    int second = 0;
+    for (size_t at = p7.find(".neighbours_tiles.from_"); at != std::string::npos;
+         at = p7.find(".neighbours_tiles.from_", at + 1))
+      ++second;
+    t.row("tuned neighbours", "ratio " + fmt("%.3g", r7), r7 <= 1.0 && (c.D <= 256 || second >= 1),
+          std::to_string(second) + " second decisions");
+
     auto e5 = run.engine(Precision::fp32, tuned);
     const std::vector<float> y5 = run.device_call(*e5, xd, len_dev, c.B, yd);
     const double m5 = max_abs_err(y5.data(), ref);

@@ -347,9 +347,28 @@ TEST(CudaOps, CublasLtGemmEveryEpilogueAndCandidate) {
             tol[i] = acc_tol + (v.out == DType::f16 ? std::ldexp(std::fabs(z), -11) + 1e-7 : 0.0);
           }
         }
+      // Besides the heuristic's candidates, configurations around its first (the tuner's
+      // HK_GEMM_NEIGHBOURS candidates): those cublasLtMatmulAlgoCheck accepts, up to 24 of them
+      // spread over the list, must compute the same product within the same bound.
+      const int base = int(gemm.candidates().size());
+      EXPECT_EQ(gemm.base_count(), base);
+      const std::vector<cublasLtMatmulAlgo_t> around = gemm.neighbours(0, true, true);
+      const std::vector<int> extra = gemm.set_extra(around);
+      std::vector<int> tested;
+      for (int i = 0; i < base; ++i) tested.push_back(i);
+      const int accepted = int(gemm.candidates().size()) - base;
+      int expect_next = base;
+      for (int idx : extra) {
+        if (idx < 0) continue;
+        EXPECT_EQ(idx, expect_next);  // accepted ones are appended in order
+        ++expect_next;
+      }
+      EXPECT_EQ(expect_next, int(gemm.candidates().size()));
+      const int stride = std::max(1, (accepted + 23) / 24);
+      for (int i = 0; i < accepted; i += stride) tested.push_back(base + i);
       double worst_all = 0;
       bool guard_ok = true;
-      for (int cand = 0; cand < int(gemm.candidates().size()); ++cand) {
+      for (int cand : tested) {
         gemm.select(cand);
         out.poison();
         if (v.res == ResidualMode::in_place) out.upload(hk::gputest::to_float(d.res));
@@ -365,12 +384,16 @@ TEST(CudaOps, CublasLtGemmEveryEpilogueAndCandidate) {
         if (worst > 1) std::printf("    candidate %d (%s): worst/tol %.3g\n", cand, gemm.describe(cand).c_str(), worst);
         worst_all = std::max(worst_all, worst);
       }
+      gemm.set_extra({});  // back to the heuristic's candidates, the selection with them
+      EXPECT_EQ(int(gemm.candidates().size()), base);
+      EXPECT_LT(gemm.selected(), base);
       const bool ok = worst_all <= 1 && guard_ok;
       failures += !ok;
       const char* res_name = v.res == ResidualMode::none ? "-" : v.res == ResidualMode::in_place ? "in place" : "+16 B";
-      std::printf("%-14s %6lld x %5d x %5d %-6s %-10s %5zu %12.3g %s%s  [%s]\n", to_string(v.epi), (long long)c.rows,
-                  c.n, c.k, dname(v.in), res_name, gemm.candidates().size(), worst_all, ok ? "ok" : "FAIL",
-                  guard_ok ? "" : " (guard written)", c.note);
+      std::printf("%-14s %6lld x %5d x %5d %-6s %-10s %5d %12.3g %s%s  [%s; %d of %zu neighbours accepted, %zu run]\n",
+                  to_string(v.epi), (long long)c.rows, c.n, c.k, dname(v.in), res_name, base, worst_all,
+                  ok ? "ok" : "FAIL", guard_ok ? "" : " (guard written)", c.note, accepted, around.size(),
+                  tested.size() - size_t(base));
     }
   }
   std::printf("max |GELU_tanh - GELU_erf| over the tested pre-activations: %.3g\n", tanh_vs_erf);

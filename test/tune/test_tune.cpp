@@ -152,6 +152,39 @@ TEST(Chooser, PicksTheFastest) {
   EXPECT_NE(d.describe().find("flash.q16 0.1 ms <- chosen"), std::string::npos) << d.describe();
 }
 
+TEST(Chooser, DescribeShortensLongLists) {
+  // 40 candidates: the first, the chosen, the eight fastest and the rejected are named, the rest
+  // counted; a short list names every candidate.
+  Quiet q;
+  Chooser ch(nullptr, false, q.sink());
+  std::vector<double> times;
+  std::vector<Candidate> list;
+  for (int i = 0; i < 40; ++i) {
+    times.push_back(1.0 + 0.01 * ((i * 17) % 40));  // distinct; i = 0 -> 1.0
+    list.push_back({"c" + std::to_string(i), "kernel " + std::to_string(i)});
+  }
+  times[25] = 0.5;  // the winner
+  Script s = same_outputs(times);
+  s.outputs[31] = {1.0, 2.0, 9.0};  // rejected by the guard
+  const Decision d = ch.decide(key("many"), list, s.probe(), ChooserOptions{});
+  ASSERT_EQ(d.chosen, 25);
+  const std::string text = d.describe();
+  EXPECT_NE(text.find(" c0 1 ms"), std::string::npos) << text;
+  EXPECT_NE(text.find("c25 0.5 ms <- chosen"), std::string::npos) << text;
+  EXPECT_NE(text.find("c31 rejected"), std::string::npos) << text;
+  // Eight fastest timed: c25 and the seven next (1.0 + 0.01 k for the smallest (17 i mod 40)).
+  int named = 0;
+  for (int i = 0; i < 40; ++i)
+    named += text.find(" c" + std::to_string(i) + " ") != std::string::npos ||
+             text.find(" c" + std::to_string(i) + ",") != std::string::npos;
+  // c25, c0, c33, c26, c19, c12, c5, c38 (the eight fastest; c0 also the first) and c31 (rejected).
+  EXPECT_EQ(named, 9) << text;
+  EXPECT_NE(text.find("and " + std::to_string(40 - named) + " more"), std::string::npos) << text;
+  const Decision small = ch.decide(key("few"), cands({"a", "b", "c"}), same_outputs({0.3, 0.1, 0.2}).probe(),
+                                   ChooserOptions{});
+  EXPECT_EQ(small.describe().find("more"), std::string::npos) << small.describe();
+}
+
 TEST(Chooser, FirstCandidateWinsTiesWithinMargin) {
   Chooser ch(nullptr);
   Script s = same_outputs({1.000, 0.996});

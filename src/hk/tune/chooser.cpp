@@ -1,5 +1,7 @@
 #include "hk/tune/chooser.hpp"
 
+#include <algorithm>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -58,14 +60,36 @@ std::string Decision::describe() const {
   std::string s = op + " [" + to_string(source);
   if (source == Source::measured) s += ", " + ms_text(tune_ms) + " of tuning";
   s += "]:";
+  // Long lists (cuBLASLt configurations around the heuristic's): the first candidate, the chosen
+  // one, the eight fastest and the rejected or failed, then how many more were left out.
+  std::vector<bool> shown(candidates.size(), candidates.size() <= 16);
+  if (candidates.size() > 16) {
+    std::vector<size_t> timed;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      if (results[i].ms >= 0) timed.push_back(i);
+      if (i == 0 || int(i) == chosen || results[i].verdict == Verdict::rejected_numeric ||
+          results[i].verdict == Verdict::failed)
+        shown[i] = true;
+    }
+    std::stable_sort(timed.begin(), timed.end(), [&](size_t a, size_t b) { return results[a].ms < results[b].ms; });
+    for (size_t j = 0; j < timed.size() && j < 8; ++j) shown[timed[j]] = true;
+  }
+  size_t hidden = 0;
+  bool first = true;
   for (size_t i = 0; i < candidates.size(); ++i) {
+    if (!shown[i]) {
+      ++hidden;
+      continue;
+    }
     const CandidateResult& r = results[i];
-    s += (i ? ", " : " ") + candidates[i].id;
+    s += (first ? " " : ", ") + candidates[i].id;
+    first = false;
     if (r.ms >= 0) s += " " + ms_text(r.ms);
     if (r.verdict == Verdict::rejected_numeric) s += " rejected (max diff " + sci(r.max_diff) + ")";
     if (r.verdict == Verdict::failed) s += " failed (" + r.note + ")";
     if (int(i) == chosen) s += " <- chosen";
   }
+  if (hidden) s += ", and " + std::to_string(hidden) + " more";
   if (!note.empty()) s += " (" + note + ")";
   return s;
 }

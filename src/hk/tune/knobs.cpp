@@ -38,6 +38,11 @@ const std::vector<Knob>& knobs() {
       {"HK_GEMM_ALGO", "auto|0..7", "auto", "cuda",
        "cuBLASLt algorithm: the index into the heuristic's top candidates (0 = the heuristic's first, the "
        "untuned default). An index a GEMM lacks falls back to 0. auto: measured per GEMM."},
+      {"HK_GEMM_NEIGHBOURS", "off|cluster|tiles", "off", "cuda",
+       "When tuning, a second decision per cuBLASLt GEMM among the winner and configurations around the "
+       "heuristic's candidates of its weight layout, each changed in one field: cluster: every other cluster "
+       "shape; tiles: also every other tile id of the first three candidates and of the winner. A neighbour "
+       "must be 2% faster. off: the heuristic's candidates only."},
       {"HK_QKV_GEMM", "auto|cublaslt|mma", "auto", "cuda",
        "QKV projection GEMM (fast precision, D a multiple of 32 up to 256): cublaslt = cuBLASLt (the untuned "
        "default), mma = the own mma.sync kernel launched with programmatic dependent launch (its tile width "
