@@ -1708,7 +1708,6 @@ void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ct
     return d;
   };
   const tune::Decision d = decide(op, chooser_options());
-  p.decisions.push_back(d);
 
   // HK_GEMM_NEIGHBOURS: a second decision among the winner and the configurations around the
   // heuristic's candidates of the winner's weight layout (LtGemm::neighbours): cluster shapes of
@@ -1717,6 +1716,7 @@ void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ct
   const std::pair<bool, int> first = what[size_t(d.chosen)];
   if (pin_gemm_neighbours.empty() || pin_gemm_neighbours == "off" || !routes.tune || !pin_algo.empty() ||
       first.second < 0) {
+    p.decisions.push_back(d);
     g.decided = true;  // only once applied: a decision that threw is made again (never a cuBLASLt fallback)
     return;
   }
@@ -1744,6 +1744,12 @@ void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ct
     cands.push_back({ids[j], std::string(first.first ? "[K,N] " : "[N,K] ") + m.describe(index[j])});
     what.emplace_back(first.first, index[j]);
   }
+  if (cands.size() == 1) {  // nothing around the candidates that this problem accepts
+    m.set_extra({});
+    p.decisions.push_back(d);
+    g.decided = true;
+    return;
+  }
   // A neighbour must beat the winner by 2%: among hundreds of single timings the fastest is
   // partly the luckiest, and the heuristic's own configuration is the safer one at equal speed.
   tune::ChooserOptions opt = chooser_options();
@@ -1753,6 +1759,7 @@ void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ct
   try {
     const tune::Decision n = decide(op + ".neighbours_" + pin_gemm_neighbours + ".from_" + d.winner().id, opt);
     timer->target_ms = target;
+    p.decisions.push_back(d);  // both once both are made: a retry after a throw lists neither twice
     p.decisions.push_back(n);
   } catch (...) {
     timer->target_ms = target;
@@ -1968,7 +1975,7 @@ void CudaEngine::Impl::decide_chains_in_forward(Plan& p, const Ctx& c) {
   std::string pins_suffix;
   for (const auto& [name, v] : {std::pair<const char*, const std::string*>{"qkv_gemm", &pin_qkv_gemm},
                                 {"gelu", &pin_gelu}, {"layout", &pin_layout}, {"algo", &pin_algo},
-                                {"chains", &pin_chains}})
+                                {"chains", &pin_chains}, {"neighbours", &pin_gemm_neighbours}})
     if (!v->empty()) pins_suffix += "." + std::string(name) + "_" + *v;
   std::string pass_suffix;  // "" in the first pass, ".again" in the second
 
@@ -2670,8 +2677,10 @@ std::string CudaEngine::Impl::explain_plan(const Plan& p, int B) const {
         << a.candidates().size() << " cuBLASLt candidates)\n";
       return;
     }
-    o << (g.use_kn ? "[K,N]" : "[N,K]") << " weights, " << a.candidates().size() << " candidates, using #"
-      << a.selected() << " (" << a.describe() << ")\n";
+    o << (g.use_kn ? "[K,N]" : "[N,K]") << " weights, " << a.base_count() << " candidates";
+    if (int(a.candidates().size()) > a.base_count())
+      o << " + " << (int(a.candidates().size()) - a.base_count()) << " around them";
+    o << ", using #" << a.selected() << " (" << a.describe() << ")\n";
   };
   gemm_line("qkv_proj", StepKind::qkv_proj, p.qkv);
   gemm_line("out_proj", StepKind::out_proj, p.out);

@@ -67,7 +67,7 @@ struct Routes {
   bool tune_remeasure = false; // HK_TUNE_REMEASURE
   // Further pins by decision family -> candidate id: "attention" (flash, flash.q64, flash.q16,
   // cudnn, materialized), "gelu" (erf, epilogue), "gemm_layout" (nk, kn), "gemm_algo" (0..7),
-  // "qkv_gemm" (cublaslt, mma), "chains" (off, persistent, post_attn_qkv), "graph" (1, 0), "pack" (1, 0),
+  // "gemm_neighbours" (cluster, tiles), "qkv_gemm" (cublaslt, mma), "chains" (off, persistent, post_attn_qkv), "graph" (1, 0), "pack" (1, 0),
   // "libraries" (all, own). The booleans above pin too.
   std::map<std::string, std::string> pins;
 };

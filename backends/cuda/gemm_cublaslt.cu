@@ -249,10 +249,12 @@ std::vector<int> LtGemm::set_extra(const std::vector<cublasLtMatmulAlgo_t>& extr
   if (descs_.empty()) throw CudaError("LtGemm::set_extra: bind a bias first");
   candidates_.resize(size_t(base_count_));
   if (selected_ >= base_count_) selected_ = 0;
-  std::array<uint32_t, 4> limit = {256, 256, 256, 256};
+  // Every constructor candidate runs on the operands' guaranteed alignments, so the most any of
+  // them needs is guaranteed.
+  std::array<uint32_t, 4> limit = {0, 0, 0, 0};
   for (const auto& r : candidates_) {
     const std::array<uint32_t, 4> a = algo_alignments(r.algo);
-    for (size_t i = 0; i < 4; ++i) limit[i] = std::min(limit[i], a[i]);
+    for (size_t i = 0; i < 4; ++i) limit[i] = std::max(limit[i], a[i]);
   }
   std::vector<int> index(extra.size(), -1);
   for (size_t j = 0; j < extra.size(); ++j) {

@@ -94,7 +94,7 @@ class LtGemm {
   std::vector<cublasLtMatmulAlgo_t> neighbours(int index, bool clusters, bool tiles) const;
   // Replaces the candidates beyond base_count() with those of `extra` that
   // cublasLtMatmulAlgoCheck accepts for this problem, within the workspace, needing no more
-  // alignment of any operand than every constructor candidate does (the heuristic's were chosen
+  // alignment of any operand than some constructor candidate does (the heuristic's were chosen
   // for the guaranteed alignments). Returns the candidate index of each of `extra`, -1 where
   // rejected. Resets the selection to 0 when it pointed beyond the base. Needs a bound bias.
   std::vector<int> set_extra(const std::vector<cublasLtMatmulAlgo_t>& extra);
