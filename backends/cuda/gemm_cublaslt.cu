@@ -160,11 +160,7 @@ LtGemm::LtGemm(cublasLtHandle_t lt, const GemmShape& shape, const void* bias_exa
     for (const cublasLtMatmulAlgo_t& algo : known) {
       cublasLtMatmulHeuristicResult_t r{};
       // Rejected (another library, device or problem): skipped, not an error.
-      if (lt::api().MatmulAlgoCheck(lt_, probe, a_, b_, c_, c_, &algo, &r) != CUBLAS_STATUS_SUCCESS) continue;
-      if (r.workspaceSize > workspace_bytes_) continue;
-      r.algo = algo;
-      r.state = CUBLAS_STATUS_SUCCESS;
-      candidates_.push_back(r);
+      if (check(probe, algo, &r)) candidates_.push_back(r);
     }
   });
   base_count_ = int(candidates_.size());
@@ -216,6 +212,15 @@ std::string LtGemm::describe(int index) const {
   return buf;
 }
 
+bool LtGemm::check(cublasLtMatmulDesc_t desc, const cublasLtMatmulAlgo_t& algo,
+                   cublasLtMatmulHeuristicResult_t* r) const {
+  if (lt::api().MatmulAlgoCheck(lt_, desc, a_, b_, c_, c_, &algo, r) != CUBLAS_STATUS_SUCCESS) return false;
+  if (r->workspaceSize > workspace_bytes_) return false;
+  r->algo = algo;
+  r->state = CUBLAS_STATUS_SUCCESS;
+  return true;
+}
+
 std::vector<cublasLtMatmulAlgo_t> LtGemm::neighbours(int index, bool clusters, bool tiles) const {
   if (index < 0 || index >= int(candidates_.size()))
     throw CudaError("LtGemm::neighbours: no candidate " + std::to_string(index));
@@ -259,15 +264,11 @@ std::vector<int> LtGemm::set_extra(const std::vector<cublasLtMatmulAlgo_t>& extr
   std::vector<int> index(extra.size(), -1);
   for (size_t j = 0; j < extra.size(); ++j) {
     cublasLtMatmulHeuristicResult_t r{};
-    if (lt::api().MatmulAlgoCheck(lt_, descs_.front(), a_, b_, c_, c_, &extra[j], &r) != CUBLAS_STATUS_SUCCESS)
-      continue;
-    if (r.workspaceSize > workspace_bytes_) continue;
+    if (!check(descs_.front(), extra[j], &r)) continue;
     const std::array<uint32_t, 4> a = algo_alignments(extra[j]);
     bool aligned = true;
     for (size_t i = 0; i < 4; ++i) aligned = aligned && a[i] <= limit[i];
     if (!aligned) continue;
-    r.algo = extra[j];
-    r.state = CUBLAS_STATUS_SUCCESS;
     index[j] = int(candidates_.size());
     candidates_.push_back(r);
   }

@@ -118,6 +118,9 @@ class LtGemm {
   int selected_ = 0;
 
   cublasLtMatmulDesc_t make_desc(const void* bias) const;
+  // Whether cublasLtMatmulAlgoCheck accepts `algo` for this problem (with `desc`) within the
+  // workspace; fills *r (algorithm, state, workspace, waves) when it does.
+  bool check(cublasLtMatmulDesc_t desc, const cublasLtMatmulAlgo_t& algo, cublasLtMatmulHeuristicResult_t* r) const;
   // Layouts, a probe descriptor and the preference; then `pick` fills candidates_ (heuristic or
   // check). Cleans up and rethrows on failure.
   template <class Pick>
