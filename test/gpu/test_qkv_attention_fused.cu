@@ -540,10 +540,19 @@ double median_ms(F&& launch, cudaStream_t stream, int reps = 50) {
 // carry their own rounding).
 void time_case(int case_id, int B, const Shape& sh, bool causal, std::mt19937_64& rng, cudaStream_t stream,
                cublasLtHandle_t lt) {
+  // HK_TEST_TIMING_CASE=<case id> (profiling runs): that case's row only.
+  if (const char* only = std::getenv("HK_TEST_TIMING_CASE"); only && *only && std::atoi(only) != case_id) return;
   const Problem p = make_problem(B, sh, causal, Lens::random, rng, true);
   DeviceProblem d(p);
   const QkvAttentionParams a = params_of(p, d);
-  const std::vector<QkvAttentionMap> maps = hk::cuda::qkv_attention_fused_candidates(a);
+  std::vector<QkvAttentionMap> maps = hk::cuda::qkv_attention_fused_candidates(a);
+  // HK_TEST_TIMING_MAP=<name part, e.g. q1h2b1]>: only the candidates whose name contains it.
+  if (const char* want = std::getenv("HK_TEST_TIMING_MAP"); want && *want)
+    maps.erase(std::remove_if(maps.begin(), maps.end(),
+                              [&](const QkvAttentionMap& m) {
+                                return hk::cuda::qkv_attention_fused_name(a, m).find(want) == std::string::npos;
+                              }),
+               maps.end());
 
   // Unfused route.
   const int64_t T = int64_t(B) * p.S;
@@ -641,8 +650,12 @@ int main() {
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::mt19937_64 rng(20261130);
 
-  check_supports();
-  correctness(rng, stream);
+  // HK_TEST_TIMING_ONLY=1 (profiling runs): the timings alone, no correctness pass before them.
+  const char* tonly = std::getenv("HK_TEST_TIMING_ONLY");
+  if (!(tonly && *tonly && *tonly != '0')) {
+    check_supports();
+    correctness(rng, stream);
+  }
   // HK_TEST_NO_TIMING=1 (e.g. under compute-sanitizer): correctness only.
   if (const char* nt = std::getenv("HK_TEST_NO_TIMING"); nt && *nt && *nt != '0') {
     CHECK_CUDA(cudaStreamDestroy(stream));
