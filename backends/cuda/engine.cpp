@@ -1723,18 +1723,13 @@ void CudaEngine::Impl::decide_gemm(Plan& p, GemmNode& g, const Step& s, const Ct
   LtGemm& m = g.active();
   const bool tiles = pin_gemm_neighbours == "tiles";
   const std::string layout = first.first ? "kn." : "nk.";
+  std::vector<bool> with_tiles(size_t(m.base_count()), false);
+  for (int b = 0; b < m.base_count(); ++b) with_tiles[size_t(b)] = tiles && (b < 3 || b == first.second);
   std::vector<cublasLtMatmulAlgo_t> extra;
   std::vector<std::string> ids;
-  for (int b = 0; b < m.base_count(); ++b) {
-    const bool with_tiles = tiles && (b < 3 || b == first.second);
-    const std::vector<cublasLtMatmulAlgo_t> around = m.neighbours(b, true, with_tiles);
-    for (const cublasLtMatmulAlgo_t& a : around) {
-      bool seen = false;
-      for (const cublasLtMatmulAlgo_t& e : extra) seen = seen || std::memcmp(&e, &a, sizeof a) == 0;
-      if (seen) continue;
-      extra.push_back(a);
-      ids.push_back(layout + std::to_string(b) + "." + algo_fields(a));
-    }
+  for (const LtGemm::Neighbour& n : m.neighbourhood(with_tiles)) {
+    extra.push_back(n.algo);
+    ids.push_back(layout + std::to_string(n.base) + "." + algo_fields(n.algo));
   }
   const std::vector<int> index = m.set_extra(extra);
   cands = {d.winner()};

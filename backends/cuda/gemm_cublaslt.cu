@@ -250,6 +250,21 @@ std::vector<cublasLtMatmulAlgo_t> LtGemm::neighbours(int index, bool clusters, b
   return out;
 }
 
+std::vector<LtGemm::Neighbour> LtGemm::neighbourhood(const std::vector<bool>& tiles, size_t* generated) const {
+  std::vector<Neighbour> out;
+  if (generated) *generated = 0;
+  for (int b = 0; b < base_count_; ++b) {
+    const bool with_tiles = size_t(b) < tiles.size() && tiles[size_t(b)];
+    for (const cublasLtMatmulAlgo_t& a : neighbours(b, true, with_tiles)) {
+      if (generated) ++*generated;
+      bool seen = false;
+      for (const Neighbour& o : out) seen = seen || std::memcmp(&o.algo, &a, sizeof a) == 0;
+      if (!seen) out.push_back({b, a});
+    }
+  }
+  return out;
+}
+
 std::vector<int> LtGemm::set_extra(const std::vector<cublasLtMatmulAlgo_t>& extra) {
   if (descs_.empty()) throw CudaError("LtGemm::set_extra: bind a bias first");
   candidates_.resize(size_t(base_count_));

@@ -92,6 +92,15 @@ class LtGemm {
   // (`clusters`), then every other tile id its algorithm lists (`tiles`). Those equal to a current
   // candidate are left out; none is checked against the problem yet (set_extra does).
   std::vector<cublasLtMatmulAlgo_t> neighbours(int index, bool clusters, bool tiles) const;
+  // neighbours() of every constructor candidate (cluster shapes of all; tile ids of those where
+  // `tiles[index]` is true, missing entries false), without repeats across candidates, each with the
+  // index of the first candidate it came from. `generated` (optional) counts them before the repeats
+  // are dropped.
+  struct Neighbour {
+    int base;
+    cublasLtMatmulAlgo_t algo;
+  };
+  std::vector<Neighbour> neighbourhood(const std::vector<bool>& tiles, size_t* generated = nullptr) const;
   // Replaces the candidates beyond base_count() with those of `extra` that
   // cublasLtMatmulAlgoCheck accepts for this problem, within the workspace, needing no more
   // alignment of any operand than some constructor candidate does (the heuristic's were chosen

@@ -83,15 +83,8 @@ T config(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t att
 // heuristic's candidates are the starting points.
 std::vector<cublasLtMatmulAlgo_t> enumerate(const LtGemm& heur, size_t* tried) {
   std::vector<cublasLtMatmulAlgo_t> out;
-  *tried = 0;
-  for (int i = 0; i < int(heur.candidates().size()); ++i) {
-    for (const cublasLtMatmulAlgo_t& a : heur.neighbours(i, true, true)) {
-      ++*tried;
-      bool seen = false;
-      for (const auto& o : out) seen = seen || std::memcmp(&o, &a, sizeof a) == 0;
-      if (!seen) out.push_back(a);
-    }
-  }
+  for (const LtGemm::Neighbour& n : heur.neighbourhood(std::vector<bool>(size_t(heur.base_count()), true), tried))
+    out.push_back(n.algo);
   return out;
 }
 
