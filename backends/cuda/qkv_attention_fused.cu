@@ -27,6 +27,8 @@
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
+#include <type_traits>
+#include <utility>
 
 namespace hk::cuda {
 namespace {
@@ -99,6 +101,17 @@ __host__ __device__ inline Layout layout(int uc, int D, int rows, int units) {
 // cp.async, ldmatrix, mma.sync and friends: ptx.cuh.
 using namespace ptx;
 
+// f(std::integral_constant<int, 0>{}), ..., f(std::integral_constant<int, N - 1>{}): compile-time
+// chunk indices for the projection's register arrays.
+template <class F, int... I>
+__device__ __forceinline__ void static_for_impl(F& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, class F>
+__device__ __forceinline__ void static_for(F&& f) {
+  static_for_impl(f, std::make_integer_sequence<int, N>{});
+}
+
 __device__ __forceinline__ int seq_len(const FusedArgs& a, int b) {
   const int len = a.lengths ? a.lengths[b] : a.S;
   return len < 0 ? 0 : (len > a.S ? a.S : len);
@@ -117,6 +130,8 @@ __global__ void __launch_bounds__(kThreads, Unit<HD>::kMinBlocks) qkv_attention_
   constexpr int G = Unit<HD>::kHeads;
   constexpr int CH = Unit<HD>::kChunk;
   constexpr int NCH = 3 * UC / CH;
+  constexpr int NP = (UC + CH - 1) / CH;  // chunks with q columns (the tile's own warp keeps them)
+  constexpr int NF = NCH - NP;            // pure k / v chunks (any warp)
   constexpr int LDKV = UC + 8;            // 8 halves of padding: ldmatrix rows in distinct bank groups
   constexpr int ND = HD == 8 ? 1 : HD / 8;  // O n-tiles per head
   const int D = a.D;
@@ -146,13 +161,21 @@ __global__ void __launch_bounds__(kThreads, Unit<HD>::kMinBlocks) qkv_attention_
   const int qt0 = qc * qtiles, qt1 = min(a.st, qt0 + qtiles);  // this CTA's query tiles
   const int head0 = hg * a.heads_per_cta;
   const int kchunks = D / 8;  // 16-byte chunks per row
+  // Copies of row-major [rows][D] tiles: thread tid moves chunk cc_t of rows rr_t, rr_t + rpi, ...
+  // (rpi rows per sweep; threads past rpi * kchunks idle when kchunks does not divide kThreads).
+  // The row loops then need no division per chunk, which the copies' address arithmetic otherwise
+  // spends most of its instructions on.
+  const int rpi = kThreads / kchunks;
+  const int rr_t = tid / kchunks, cc_t = tid - rr_t * kchunks;
+  const bool copier = rr_t < rpi;
 
   // Weights and biases of this CTA's heads, unit by unit, q | k | v rows of each.
-  for (int idx = tid; idx < units * 3 * UC * kchunks; idx += kThreads) {
-    const int r = idx / kchunks, c = idx - (idx / kchunks) * kchunks;
-    const int u = r / (3 * UC), part = (r % (3 * UC)) / UC, cc = r % UC;
-    const int64_t grow = int64_t(part) * D + int64_t(head0) * HD + u * UC + cc;
-    cp_async_16(smem_u32(sW + r * LDH + c * 8), a.w + grow * D + c * 8, 16);
+  if (copier) {
+    for (int r = rr_t; r < units * 3 * UC; r += rpi) {
+      const int u = r / (3 * UC), part = (r % (3 * UC)) / UC, cc = r % UC;  // UC is a compile-time constant
+      const int64_t grow = int64_t(part) * D + int64_t(head0) * HD + u * UC + cc;
+      cp_async_16(smem_u32(sW + r * LDH + cc_t * 8), a.w + grow * D + cc_t * 8, 16);
+    }
   }
   for (int r = tid; r < units * 3 * UC; r += kThreads) {
     const int u = r / (3 * UC), part = (r % (3 * UC)) / UC, cc = r % UC;
@@ -163,17 +186,27 @@ __global__ void __launch_bounds__(kThreads, Unit<HD>::kMinBlocks) qkv_attention_
   // queries) are copied, every other row of the pass is zero-filled so all projected values stay
   // finite (a NaN v row would survive P = 0). Only positions s < len are ever read, which is what
   // the packed layout requires (the next sequence starts at position len).
+  // The sequence slot and position of this thread's first row; later rows step by rpi.
+  const int i_t = rr_t / seq_rows, s_t = rr_t - i_t * seq_rows;
   auto load_h = [&](int first) {
-    for (int idx = tid; idx < rows * kchunks; idx += kThreads) {
-      const int r = idx / kchunks, c = idx - (idx / kchunks) * kchunks;
-      const int i = r / seq_rows, s = r - i * seq_rows;
-      const int b = first + i;
-      bool ok = false;
-      if (b < seq_end) {
-        const int len = seq_len(a, b);
-        ok = s < (a.causal ? min(len, qt1 * 16) : len);
+    if (copier) {
+      int i = i_t, s = s_t, lim = 0;
+      int64_t row0 = 0;
+      for (int r = rr_t, cur = -1; r < rows; r += rpi) {
+        if (i != cur) {  // a new sequence: its row limit and first row, read once
+          cur = i;
+          const int b = first + i;
+          lim = 0;
+          if (b < seq_end) {
+            const int len = seq_len(a, b);
+            lim = a.causal ? min(len, qt1 * 16) : len;
+            row0 = seq_row0(a, b);
+          }
+        }
+        const bool ok = s < lim;
+        cp_async_16(smem_u32(sH + r * LDH + cc_t * 8), ok ? a.h + (row0 + s) * D + cc_t * 8 : a.h, ok ? 16 : 0);
+        for (s += rpi; s >= seq_rows; s -= seq_rows) ++i;
       }
-      cp_async_16(smem_u32(sH + r * LDH + c * 8), ok ? a.h + (int64_t(seq_row0(a, b)) + s) * D + c * 8 : a.h, ok ? 16 : 0);
     }
     cp_async_commit();
   };
@@ -185,7 +218,7 @@ __global__ void __launch_bounds__(kThreads, Unit<HD>::kMinBlocks) qkv_attention_
   const int i_seq = warp / a.st, lt = warp - (warp / a.st) * a.st;  // this warp's sequence slot and tile
   // Per-lane ldmatrix byte offsets (fragment layouts of mma.m16n8k16): A rows of this warp's
   // tile, B rows of W / K (non-transposed), V (transposed) relative to the sequence's first key.
-  const uint32_t a_addr = smem_u32(sH + (warp * 16 + (lane & 15)) * LDH + (lane >> 4) * 8);
+  const uint32_t a_base = smem_u32(sH + (lane & 15) * LDH + (lane >> 4) * 8);  // + 16 rows per pass tile
   const uint32_t w_lane = (((lane & 7) + ((lane >> 4) << 3)) * LDH + ((lane >> 3) & 1) * 8) * 2;
   const int kv_row0 = i_seq * seq_rows;
   const uint32_t k_addr = smem_u32(sK + (kv_row0 + (lane & 7) + ((lane >> 4) << 3)) * LDKV + ((lane >> 3) & 1) * 8);
@@ -218,48 +251,90 @@ __global__ void __launch_bounds__(kThreads, Unit<HD>::kMinBlocks) qkv_attention_
       }
     }
 
+    // Projection work of the pass. Chunks 0..NP-1 hold q columns and stay with the tile's own warp
+    // (q lives in its registers); the pure k / v chunks NP..NCH-1 of every tile that is needed as
+    // keys are dealt round-robin, first to warps with no tile work of their own (padding tiles,
+    // short sequences), then to the others, so that the barrier after the projection waits for
+    // about the mean warp's work instead of the longest (every warp computes the same masks).
+    uint32_t kv_tiles = 0, own_tiles = 0;  // bit = pass tile: needs k / v; its own warp projects
+    int free_pos = 0, free_items = 0;
+    if constexpr (NF > 0) {
+      for (int i = 0, tile = 0; i < a.pack && first + i < seq_end; ++i) {
+        const int li = seq_len(a, first + i);
+        const int ke = a.causal ? min(li, qt1 * 16) : li;
+        for (int l = 0; l < a.st; ++l, ++tile) {
+          const bool kv = l * 16 < ke;
+          const bool q = l >= qt0 && l < qt1 && l * 16 < li;
+          kv_tiles |= uint32_t(kv) << tile;
+          own_tiles |= uint32_t(kv || q) << tile;
+        }
+      }
+      const uint32_t idle = ~own_tiles & ((1u << kWarps) - 1);
+      const uint32_t below = (1u << warp) - 1;
+      free_pos = (idle >> warp & 1u) ? __popc(idle & below) : __popc(idle) + __popc(own_tiles & below);
+      free_items = __popc(kv_tiles) * NF;
+    }
+
     for (int u = 0; u < units; ++u) {
       uint32_t qf[UC / 16][4];  // q of this tile and unit: A fragments, k16 slice by slice
+      const uint32_t w_addr = smem_u32(sW + u * 3 * UC * LDH) + w_lane;
+      const float* bias = sB + u * 3 * UC;
 
-      // 1. Projection of this warp's 16 rows onto the unit's q | k | v columns.
-      if (need_q || need_kv) {
-        const uint32_t w_addr = smem_u32(sW + u * 3 * UC * LDH) + w_lane;
-        const float* bias = sB + u * 3 * UC;
+      // Chunk CHC (compile time) of pass tile `tile`: its 16 rows onto the chunk's CH unit columns,
+      // + bias, rounded to fp16: q into A fragments (own tile only), k and v into the tile's rows of
+      // sK/sV.
+      auto project = [&](int tile, auto chc) {
+        constexpr int ch = decltype(chc)::value;
+        const uint32_t at = a_base + uint32_t(tile * 16 * LDH * 2);
+        float acc[CH / 8][4];
 #pragma unroll
-        for (int ch = 0; ch < NCH; ++ch) {
-          const bool has_q = ch * CH < UC, has_kv = ch * CH + CH > UC;
-          if (!((has_q && need_q) || (has_kv && need_kv))) continue;
-          float acc[CH / 8][4];
-#pragma unroll
-          for (int i = 0; i < CH / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+        for (int i = 0; i < CH / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 #pragma unroll 1  // unrolling spills at the 128-register cap (hd 32)
-          for (int ks = 0; ks < D / 16; ++ks) {
-            uint32_t af[4];
-            ldsm_x4(af[0], af[1], af[2], af[3], a_addr + ks * 32);
+        for (int ks = 0; ks < D / 16; ++ks) {
+          uint32_t af[4];
+          ldsm_x4(af[0], af[1], af[2], af[3], at + ks * 32);
 #pragma unroll
-            for (int np = 0; np < CH / 16; ++np) {
-              uint32_t b0, b1, b2, b3;
-              ldsm_x4(b0, b1, b2, b3, w_addr + ((ch * CH + np * 16) * LDH + ks * 16) * 2);
-              mma_16816(acc[2 * np], af, b0, b1);
-              mma_16816(acc[2 * np + 1], af, b2, b3);
-            }
+          for (int np = 0; np < CH / 16; ++np) {
+            uint32_t b0, b1, b2, b3;
+            ldsm_x4(b0, b1, b2, b3, w_addr + ((ch * CH + np * 16) * LDH + ks * 16) * 2);
+            mma_16816(acc[2 * np], af, b0, b1);
+            mma_16816(acc[2 * np + 1], af, b2, b3);
           }
-          // + bias, rounded to fp16: q into A fragments, k and v into this tile's rows of sK/sV.
+        }
 #pragma unroll
-          for (int nt = 0; nt < CH / 8; ++nt) {
-            const int col = ch * CH + nt * 8;  // unit column of this n-tile (compile-time after unrolling)
-            const float bl = bias[col + 2 * t], bh = bias[col + 2 * t + 1];
-            const uint32_t lo = pack_half2(acc[nt][0] + bl, acc[nt][1] + bh);
-            const uint32_t hi = pack_half2(acc[nt][2] + bl, acc[nt][3] + bh);
-            if (col < UC) {
-              qf[col / 16][2 * ((col % 16) / 8)] = lo;
-              qf[col / 16][2 * ((col % 16) / 8) + 1] = hi;
-            } else {
-              __half* dst = (col < 2 * UC ? sK : sV) + (warp * 16 + g) * LDKV + (col % UC) + 2 * t;
-              *reinterpret_cast<uint32_t*>(dst) = lo;
-              *reinterpret_cast<uint32_t*>(dst + 8 * LDKV) = hi;
-            }
+        for (int nt = 0; nt < CH / 8; ++nt) {
+          const int col = ch * CH + nt * 8;  // unit column of this n-tile (compile-time after unrolling)
+          const float bl = bias[col + 2 * t], bh = bias[col + 2 * t + 1];
+          const uint32_t lo = pack_half2(acc[nt][0] + bl, acc[nt][1] + bh);
+          const uint32_t hi = pack_half2(acc[nt][2] + bl, acc[nt][3] + bh);
+          if (col < UC) {
+            qf[col / 16][2 * ((col % 16) / 8)] = lo;
+            qf[col / 16][2 * ((col % 16) / 8) + 1] = hi;
+          } else {
+            __half* dst = (col < 2 * UC ? sK : sV) + (tile * 16 + g) * LDKV + (col % UC) + 2 * t;
+            *reinterpret_cast<uint32_t*>(dst) = lo;
+            *reinterpret_cast<uint32_t*>(dst + 8 * LDKV) = hi;
           }
+        }
+      };
+
+      // 1. Projection: this warp's own chunks, then its share of the k / v chunks.
+      if (need_q || need_kv) {
+        static_for<NP>([&](auto chc) {
+          constexpr int ch = decltype(chc)::value;
+          constexpr bool has_q = ch * CH < UC, has_kv = ch * CH + CH > UC;
+          if ((has_q && need_q) || (has_kv && need_kv)) project(warp, chc);
+        });
+      }
+      if constexpr (NF > 0) {
+        for (int k = free_pos; k < free_items; k += kWarps) {
+          const int nth = k / NF, f = k - (k / NF) * NF;  // NF is a compile-time constant
+          uint32_t m = kv_tiles;
+          for (int n = 0; n < nth; ++n) m &= m - 1;
+          const int tile = __ffs(int(m)) - 1;
+          static_for<NF>([&](auto fc) {
+            if (decltype(fc)::value == f) project(tile, std::integral_constant<int, NP + decltype(fc)::value>{});
+          });
         }
       }
       __syncthreads();  // every tile's k and v of this unit are in sK/sV; sH is no longer read
