@@ -534,15 +534,29 @@ double median_ms(F&& launch, cudaStream_t stream, int reps = 50) {
   return ms[reps / 2];
 }
 
-// One cases.csv shape: every candidate of the fused kernel vs the unfused route (cuBLASLt
-// qkv GEMM with bias epilogue + flash attention), lengths ~ U{1..S} as in the standard inputs.
-// The fused output is also compared with the unfused one (a check: twice the budget, as both
-// carry their own rounding).
-void time_case(int case_id, int B, const Shape& sh, bool causal, std::mt19937_64& rng, cudaStream_t stream,
-               cublasLtHandle_t lt) {
-  // HK_TEST_TIMING_CASE=<case id> (profiling runs): that case's row only.
-  if (const char* only = std::getenv("HK_TEST_TIMING_CASE"); only && *only && std::atoi(only) != case_id) return;
-  const Problem p = make_problem(B, sh, causal, Lens::random, rng, true);
+// Packs a timing problem as the engine's packed plans do: sequences in order, back to back, from
+// row 0 (no guard rows or gaps).
+void pack_in_order(Problem& p) {
+  p.packed = true;
+  p.seq_start.assign(size_t(p.B), 0);
+  int64_t next = 0;
+  for (int b = 0; b < p.B; ++b) {
+    p.seq_start[size_t(b)] = int32_t(next);
+    next += p.lengths[size_t(b)];
+  }
+  p.packed_rows = next > 0 ? next : 1;
+}
+
+// Row of the unfused route's o (no guard rows) holding token (b, s).
+int64_t unfused_row(const Problem& p, int b, int s) {
+  return p.packed ? int64_t(p.seq_start[size_t(b)]) + s : int64_t(b) * p.S + s;
+}
+
+// One layout of one timing problem: every candidate map of the fused kernel vs the unfused route
+// (cuBLASLt qkv GEMM with bias epilogue over the layout's rows + flash attention in the same layout).
+// The fused output is also compared with the unfused one (a check: twice the budget, as both carry
+// their own rounding); dense padding rows must be zeros.
+void time_layout(int case_id, const Problem& p, const char* tag, cudaStream_t stream, cublasLtHandle_t lt) {
   DeviceProblem d(p);
   const QkvAttentionParams a = params_of(p, d);
   std::vector<QkvAttentionMap> maps = hk::cuda::qkv_attention_fused_candidates(a);
@@ -554,8 +568,8 @@ void time_case(int case_id, int B, const Shape& sh, bool causal, std::mt19937_64
                               }),
                maps.end());
 
-  // Unfused route.
-  const int64_t T = int64_t(B) * p.S;
+  // Unfused route over the rows of the layout (packed: the token rows only).
+  const int64_t T = p.packed ? p.packed_rows : int64_t(p.B) * p.S;
   DeviceBuffer<uint16_t> qkv(size_t(T) * 3 * p.D);
   DeviceBuffer<uint16_t> o_ref(size_t(T) * p.D);
   DeviceBuffer<unsigned char> ws(hk::cuda::kLtWorkspaceBytes);
@@ -572,14 +586,15 @@ void time_case(int case_id, int B, const Shape& sh, bool causal, std::mt19937_64
   ap.qkv = qkv.ptr;
   ap.out = o_ref.ptr;
   ap.lengths = d.lengths.ptr;
-  ap.B = B;
+  ap.seq_start = p.packed ? d.seq_start.ptr : nullptr;
+  ap.B = p.B;
   ap.S = p.S;
   ap.H = p.H;
   ap.head_dim = p.hd;
   ap.qkv_row_stride = 3 * int64_t(p.D);
   ap.out_row_stride = p.D;
   ap.scale = a.scale;
-  ap.causal = causal;
+  ap.causal = p.causal;
   ap.dtype = hk::cuda::DType::f16;
   double t_gemm = -1, t_flash = -1, t_unfused = -1;
   if (gemm.available() && hk::cuda::attention_flash_supports(ap)) {
@@ -592,9 +607,9 @@ void time_case(int case_id, int B, const Shape& sh, bool causal, std::mt19937_64
         },
         stream);
   }
-  std::printf("\ncase %d: B=%d S=%d D=%d H=%d hd=%d causal=%d  unfused: qkv GEMM %.4f ms + %s %.4f ms = %.4f ms\n",
-              case_id, B, p.S, p.D, p.H, p.hd, int(causal), t_gemm, hk::cuda::attention_flash_name(ap), t_flash,
-              t_unfused);
+  std::printf("\ncase %d %s: B=%d S=%d D=%d H=%d hd=%d causal=%d  unfused: qkv GEMM %.4f ms + %s %.4f ms = %.4f ms\n",
+              case_id, tag, p.B, p.S, p.D, p.H, p.hd, int(p.causal), t_gemm, hk::cuda::attention_flash_name(ap),
+              t_flash, t_unfused);
   const std::vector<uint16_t> unfused = t_unfused >= 0 ? o_ref.download() : std::vector<uint16_t>();
   double best = 1e30, t_default = -1;
   std::string best_name;
@@ -602,21 +617,25 @@ void time_case(int case_id, int B, const Shape& sh, bool causal, std::mt19937_64
     const std::string name = hk::cuda::qkv_attention_fused_name(a, m);
     const double t = median_ms([&] { hk::cuda::qkv_attention_fused(a, m, stream); }, stream);
     sync_or_die(stream);
-    // Agreement with the unfused route.
+    // Agreement with the unfused route, token by token; dense padding rows must be zeros.
     long bad = 0;
     double max_diff = 0;
     if (!unfused.empty()) {
       const std::vector<uint16_t> got = d.o.download();
-      for (size_t i = 0; i < unfused.size(); ++i) {
-        const double u = value_of(unfused[i]), v = value_of(got[size_t(p.D) + i]);
-        const int s = int((i / p.D) % p.S), b = int(i / p.D / p.S);
-        if (s >= p.lengths[b]) {
-          bad += v != 0.0;
-          continue;
-        }
-        const double diff = std::fabs(u - v);
-        max_diff = std::max(max_diff, diff);
-        bad += !(diff <= 2 * std::max(2e-3, 0.02 * std::fabs(u)));
+      for (int b = 0; b < p.B; ++b) {
+        const int len = p.lengths[size_t(b)];
+        for (int s = 0; s < (p.packed ? len : p.S); ++s)
+          for (int c = 0; c < p.D; ++c) {
+            const double v = value_of(got[size_t(o_row(p, b, s) * p.D + c)]);
+            if (s >= len) {
+              bad += v != 0.0;
+              continue;
+            }
+            const double u = value_of(unfused[size_t(unfused_row(p, b, s) * p.D + c)]);
+            const double diff = std::fabs(u - v);
+            max_diff = std::max(max_diff, diff);
+            bad += !(diff <= 2 * std::max(2e-3, 0.02 * std::fabs(u)));
+          }
       }
     }
     ++g_checks;
@@ -632,6 +651,23 @@ void time_case(int case_id, int B, const Shape& sh, bool causal, std::mt19937_64
   if (!maps.empty())
     std::printf("  best %s %.4f ms: %.2fx vs unfused %.4f ms (default map %.2fx)\n", best_name.c_str(), best,
                 t_unfused > 0 ? t_unfused / best : 0.0, t_unfused, t_unfused > 0 ? t_unfused / t_default : 0.0);
+}
+
+// One cases.csv shape, lengths ~ U{1..S} as in the standard inputs, in the dense layout and packed
+// (the engine's padding-free plans). HK_TEST_TIMING_LAYOUT=dense|packed: one of them only.
+void time_case(int case_id, int B, const Shape& sh, bool causal, std::mt19937_64& rng, cudaStream_t stream,
+               cublasLtHandle_t lt) {
+  // HK_TEST_TIMING_CASE=<case id> (profiling runs): that case's row only.
+  if (const char* only = std::getenv("HK_TEST_TIMING_CASE"); only && *only && std::atoi(only) != case_id) return;
+  const char* layout = std::getenv("HK_TEST_TIMING_LAYOUT");
+  const std::string want = layout ? layout : "";
+  const Problem dense = make_problem(B, sh, causal, Lens::random, rng, true);
+  if (want.empty() || want == "dense") time_layout(case_id, dense, "dense", stream, lt);
+  if (want.empty() || want == "packed") {
+    Problem packed = dense;
+    pack_in_order(packed);
+    time_layout(case_id, packed, "packed", stream, lt);
+  }
 }
 
 }  // namespace
